@@ -1,0 +1,207 @@
+// Package redistest starts real redis-server processes on loopback for tests:
+// a single server, a Redis Cluster, and a listener that never answers. Each
+// server belongs to the test that started it and stops when that test ends.
+//
+// Without redis-server on the PATH, the tests that need it skip with the
+// reason, unless RATELIMIT_REQUIRE_REDIS=1 is set (as .ci/run sets it): then
+// they fail, so that CI cannot pass by skipping them.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds the wait for a server, or a cluster, to come up.
+const startTimeout = 20 * time.Second
+
+// Require returns the path of the named program (redis-server or
+// redis-cli), skipping t with a printed reason when it is not installed.
+func Require(t testing.TB, program string) string {
+	t.Helper()
+	path, err := exec.LookPath(program)
+	if err == nil {
+		return path
+	}
+	if os.Getenv("RATELIMIT_REQUIRE_REDIS") == "1" {
+		t.Fatalf("%s is not installed, and RATELIMIT_REQUIRE_REDIS=1 says this run needs it", program)
+	}
+	t.Skipf("skipping: %s is not installed (apt-get install redis-server redis-tools); .ci/run installs it", program)
+	return ""
+}
+
+// Server is a redis-server process listening on a loopback port.
+type Server struct {
+	// Addr is the server's host:port.
+	Addr string
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server with no persistence on a free loopback port,
+// waits until it answers PING, and stops it when t ends. Extra arguments
+// are passed to redis-server as they are, say "--cluster-enabled", "yes".
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin := Require(t, "redis-server")
+	port := freePort(t)
+	dir := t.TempDir()
+	argv := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--logfile", filepath.Join(dir, "redis.log"),
+	}, args...)
+	cmd := exec.Command(bin, argv...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
+	t.Cleanup(s.Stop)
+	if err := waitFor(func(ctx context.Context) error {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		defer c.Close()
+		return c.Ping(ctx).Err()
+	}); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+		t.Fatalf("redis-server on %s did not answer: %v\n%s", s.Addr, err, log)
+	}
+	return s
+}
+
+// Stop kills the server and waits for it to exit. It may be called more than
+// once; tests call it to simulate an outage.
+func (s *Server) Stop() {
+	if s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+// Client returns a client of s that t closes when it ends.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// StartCluster starts n redis-server masters with cluster mode on, joins
+// them with `redis-cli --cluster create`, waits until every node reports
+// cluster_state:ok, and returns their addresses.
+func StartCluster(t testing.TB, n int) []string {
+	t.Helper()
+	cli := Require(t, "redis-cli")
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = Start(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i)).Addr
+	}
+	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, addr := range addrs {
+		if err := waitFor(func(ctx context.Context) error {
+			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+			defer c.Close()
+			info, err := c.ClusterInfo(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "cluster_state:ok") {
+				return fmt.Errorf("%s: cluster not ready yet", addr)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("cluster did not come up: %v", err)
+		}
+	}
+	return addrs
+}
+
+// Silent returns the address of a listener that accepts connections and
+// reads from them but never answers: a Redis that hangs.
+func Silent(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		close(done)
+		_ = ln.Close()
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				r := bufio.NewReader(conn)
+				go func() { <-done; _ = conn.Close() }()
+				for {
+					if _, err := r.ReadByte(); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// freePort returns a loopback port that is free, and whose cluster bus port
+// (port+10000) is free too.
+func freePort(t testing.TB) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("listen: %v", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		if err != nil {
+			continue
+		}
+		_ = bus.Close()
+		return port
+	}
+	t.Fatal("no free loopback port pair found")
+	return 0
+}
+
+// waitFor calls probe until it succeeds or startTimeout passes, pausing
+// between tries: it waits for another process, not for time to pass.
+func waitFor(probe func(context.Context) error) error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := probe(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,274 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors returned for input that cannot be decided. Each is wrapped with a
+// message that names the value at fault; check with errors.Is. Nothing is
+// sent to Redis for such input, whatever the failure policy.
+var (
+	// ErrInvalidID is returned for an empty id.
+	ErrInvalidID = errors.New("ratelimit: invalid id")
+	// ErrInvalidLimit is returned for a Limit with a Rate below 1, a Window
+	// shorter than 1ms or not a whole number of milliseconds, or a Rate ×
+	// Window (in ms) above 2^53.
+	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
+	// ErrInvalidCost is returned by AllowN for a cost below 1.
+	ErrInvalidCost = errors.New("ratelimit: invalid cost")
+	// ErrNilClient is returned by every method of a Limiter made with a nil
+	// client.
+	ErrNilClient = errors.New("ratelimit: New was given a nil Redis client")
+	// ErrUnavailable is wrapped, together with the Redis error, by the error
+	// a FailClosed decision returns when Redis could not decide.
+	ErrUnavailable = errors.New("ratelimit: Redis could not decide")
+)
+
+// Limit is a number of requests (or cost units) allowed in any sliding
+// window of a given length.
+type Limit struct {
+	// Rate is how many requests, or cost units, any Window may hold; at
+	// least 1.
+	Rate int64
+	// Window is the window's length: a whole number of milliseconds, at least
+	// 1ms. Rate × Window in ms may not exceed 2^53 (about 9×10^15), so that
+	// the script's arithmetic stays exact.
+	Window time.Duration
+}
+
+// PerSecond returns a Limit of rate requests in any one second.
+func PerSecond(rate int64) Limit { return Limit{Rate: rate, Window: time.Second} }
+
+// PerMinute returns a Limit of rate requests in any one minute.
+func PerMinute(rate int64) Limit { return Limit{Rate: rate, Window: time.Minute} }
+
+// PerHour returns a Limit of rate requests in any one hour.
+func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
+
+// String returns the limit as "100/1m0s".
+func (l Limit) String() string { return fmt.Sprintf("%d/%v", l.Rate, l.Window) }
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the request may go ahead. When it is true, the
+	// request's cost has been counted.
+	Allowed bool
+	// Count is the estimated usage of the sliding window after this decision:
+	// with this request's cost if it was allowed, without it if not.
+	Count int64
+	// Limit is the limit the decision was made against.
+	Limit Limit
+	// Remaining is max(0, Limit.Rate - Count).
+	Remaining int64
+	// RetryAfter is 0 when the request was allowed. When it was denied, it is
+	// the shortest wait after which the same request would be allowed if no
+	// other traffic came, exact to the millisecond; negative if it never
+	// would be, because its cost is above Limit.Rate.
+	RetryAfter time.Duration
+	// ResetAfter is the shortest wait after which Count would be 0 if no
+	// other traffic came, exact to the millisecond.
+	ResetAfter time.Duration
+	// Degraded reports that the decision came from the failure policy because
+	// Redis could not make it. Count, Remaining, RetryAfter and ResetAfter
+	// then say nothing about real usage: Count is 0, Remaining is Limit.Rate,
+	// and the waits are 0.
+	Degraded bool
+}
+
+// Limiter decides requests against sliding-window limits kept in Redis.
+// Each decision is one round trip running one Lua script, so any number of
+// application servers sharing one Redis (or Redis Cluster) share each limit
+// exactly. A Limiter is safe for simultaneous use by multiple goroutines; it
+// holds no state of its own between calls and starts no goroutine that
+// outlives a call.
+type Limiter struct {
+	client    redis.UniversalClient
+	keyPrefix string // the prefix, escaped, then ":{"
+	now       func() time.Time
+	policy    FailurePolicy
+	onError   func(ctx context.Context, id string, err error)
+	timeout   time.Duration // 0: none
+	// ctxAware is true when the client itself stops at the ctx deadline
+	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
+	ctxAware bool
+}
+
+// New returns a Limiter that keeps its counts in client. Any
+// redis.UniversalClient works: a *redis.Client, a *redis.ClusterClient (both
+// keys of a decision share a hash slot), a *redis.Ring or a failover client.
+func New(client redis.UniversalClient, opts ...Option) *Limiter {
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	l := &Limiter{
+		client:    client,
+		keyPrefix: keyPrefixFor(cfg.prefix),
+		now:       cfg.now,
+		policy:    cfg.policy,
+		onError:   cfg.onError,
+		timeout:   cfg.timeout,
+		ctxAware:  honoursContext(client),
+	}
+	if cfg.noBudget {
+		l.timeout = 0
+	}
+	if l.onError == nil {
+		l.onError = newLogHandler(cfg.now).handle
+	}
+	return l
+}
+
+// Allow is shorthand for AllowN(ctx, id, limit, 1).
+func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, error) {
+	return l.AllowN(ctx, id, limit, 1)
+}
+
+// AllowN decides whether a request of cost n by id fits in limit and, if it
+// does, counts it. Being denied is a Result with Allowed false, not an error.
+//
+// The error is non-nil for invalid input (ErrInvalidID, ErrInvalidLimit,
+// ErrInvalidCost), when ctx is done before Redis answers (ctx.Err()), and
+// when Redis cannot decide under FailClosed (ErrUnavailable). A cost above
+// limit.Rate is denied with a negative RetryAfter.
+func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
+	if err := l.check(id, limit, n); err != nil {
+		return Result{Limit: limit}, err
+	}
+	pos := locate(l.now().UnixMilli(), limit.Window.Milliseconds())
+	allowed, c, err := l.run(ctx, id, limit, pos, n)
+	if err != nil {
+		return l.fail(ctx, id, limit, err)
+	}
+	return result(limit, pos, c, allowed, n), nil
+}
+
+// Peek reports where id stands against limit without counting anything:
+// Count is the current estimate, and Allowed, RetryAfter and ResetAfter are
+// what a request of cost 1 would get now. Errors are as for AllowN.
+func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
+	if err := l.check(id, limit, 1); err != nil {
+		return Result{Limit: limit}, err
+	}
+	pos := locate(l.now().UnixMilli(), limit.Window.Milliseconds())
+	_, c, err := l.run(ctx, id, limit, pos, 0)
+	if err != nil {
+		return l.fail(ctx, id, limit, err)
+	}
+	est := pos.estimate(c)
+	r := result(limit, pos, c, est < limit.Rate, 1)
+	r.Count = est
+	r.Remaining = max(0, limit.Rate-est)
+	return r, nil
+}
+
+// Reset forgets id's usage of limit: it deletes the keys of the current and
+// previous windows. The error is non-nil for invalid input, when ctx is done,
+// and when Redis fails; the failure policy does not apply.
+func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
+	if err := l.check(id, limit, 1); err != nil {
+		return err
+	}
+	pos := locate(l.now().UnixMilli(), limit.Window.Milliseconds())
+	cur, prev := l.keyPair(id, pos.w, pos.i)
+	_, err := bounded(ctx, l, func(ctx context.Context) (int64, error) {
+		return l.client.Del(ctx, cur, prev).Result()
+	})
+	if err != nil {
+		return fmt.Errorf("ratelimit: reset: %w", err)
+	}
+	return nil
+}
+
+func (l *Limiter) check(id string, limit Limit, n int64) error {
+	if l.client == nil {
+		return ErrNilClient
+	}
+	return validate(id, limit, n)
+}
+
+// run sends the script for one decision, within the Limiter's deadline.
+func (l *Limiter) run(ctx context.Context, id string, limit Limit, pos position, cost int64) (bool, counts, error) {
+	cur, prev := l.keyPair(id, pos.w, pos.i)
+	d, err := bounded(ctx, l, func(ctx context.Context) (decision, error) {
+		allowed, c, err := runScript(ctx, l.client, cur, prev, limit, pos.left(), cost)
+		return decision{allowed, c}, err
+	})
+	return d.allowed, d.counts, err
+}
+
+// decision is what the script decided and the counts it saw.
+type decision struct {
+	allowed bool
+	counts
+}
+
+// bounded runs fn with ctx limited by l's timeout, and returns no later than
+// ctx is done even if the client does not watch ctx. In that case fn goes on
+// in its own goroutine until the client's timeouts end it, and its result is
+// dropped.
+func bounded[T any](ctx context.Context, l *Limiter, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	if l.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+	}
+	if l.ctxAware || ctx.Done() == nil {
+		return fn(ctx)
+	}
+	type reply struct {
+		v   T
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		v, err := fn(ctx)
+		done <- reply{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+// result derives a Result from the counts the script saw before a decision
+// of cost n, and whether it allowed (and so counted) the request.
+func result(limit Limit, pos position, c counts, allowed bool, n int64) Result {
+	r := Result{Allowed: allowed, Limit: limit, Count: pos.estimate(c)}
+	if allowed {
+		c.cur += n
+		r.Count += n
+	} else {
+		r.RetryAfter = pos.waitUntil(c, limit.Rate-n)
+	}
+	r.Remaining = max(0, limit.Rate-r.Count)
+	r.ResetAfter = pos.waitUntil(c, 0)
+	return r
+}
+
+// honoursContext reports whether client stops waiting at its ctx deadline
+// by itself, so that the Limiter need not watch for it.
+func honoursContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}

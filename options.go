@@ -1,0 +1,113 @@
+package ratelimit
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// DefaultTimeout is how long one decision may spend on Redis unless
+// WithTimeout says otherwise. A healthy Redis answers in well under a
+// millisecond; 100ms leaves room for a dial and a busy server while keeping a
+// dead one from holding up the request that asked.
+const DefaultTimeout = 100 * time.Millisecond
+
+// DefaultPrefix starts every key the Limiter writes unless WithPrefix says
+// otherwise.
+const DefaultPrefix = "ratelimit"
+
+// FailurePolicy decides a request when Redis cannot: when it is unreachable,
+// slow past the timeout, or answers with an error.
+type FailurePolicy int
+
+const (
+	// FailOpen allows the request. The Result is Degraded, the error goes to
+	// the error handler, and Allow returns a nil error. It is the default: an
+	// outage of the limiter should not become an outage of the API.
+	FailOpen FailurePolicy = iota
+	// FailClosed denies the request. The Result is Degraded and Allow returns
+	// an error that wraps the Redis error.
+	FailClosed
+)
+
+// String returns the policy's name, as in "FailOpen".
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailOpen:
+		return "FailOpen"
+	case FailClosed:
+		return "FailClosed"
+	}
+	return "FailurePolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Option configures a Limiter; pass options to New.
+type Option func(*config)
+
+// config holds what the options set; New fills in the defaults.
+type config struct {
+	prefix   string
+	now      func() time.Time
+	policy   FailurePolicy
+	onError  func(ctx context.Context, id string, err error)
+	timeout  time.Duration
+	noBudget bool // set by WithTimeout(0) or less: no limiter deadline at all
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:  DefaultPrefix,
+		now:     time.Now,
+		policy:  FailOpen,
+		timeout: DefaultTimeout,
+	}
+}
+
+// WithPrefix sets the string every key starts with (default "ratelimit").
+// Give each application its own prefix when several share one Redis. Braces
+// and '%' in the prefix are percent-encoded, as in ids, so that the prefix
+// can never change a key's Redis Cluster hash tag.
+func WithPrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
+}
+
+// WithClock sets the clock that places requests in windows (default
+// time.Now). Tests use it to move time by hand. Every application server that
+// shares a limit should read a clock that agrees with the others' to within
+// a small fraction of the window.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) {
+		if now != nil {
+			c.now = now
+		}
+	}
+}
+
+// WithFailurePolicy sets what a decision is when Redis cannot make it
+// (default FailOpen).
+func WithFailurePolicy(p FailurePolicy) Option {
+	return func(c *config) { c.policy = p }
+}
+
+// WithErrorHandler sets the function called with every Redis error a decision
+// meets, under either policy, with the id it was for. It runs on the
+// caller's goroutine, so it should be quick. The default logs through
+// log/slog's default logger, at most one line every 10 seconds, counting the
+// errors it left out. A nil fn restores the default.
+func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option {
+	return func(c *config) { c.onError = fn }
+}
+
+// WithTimeout bounds the time one decision spends on Redis (default
+// DefaultTimeout, 100ms), dial, retries and all. Past it the decision goes to
+// the failure policy. The bound holds whatever the client's own timeouts:
+// with a client whose ContextTimeoutEnabled is false (go-redis's default) the
+// Limiter stops waiting for the reply itself, and the client gives up on the
+// connection later, after its ReadTimeout. A d of zero or less removes the
+// limiter's deadline; then only the caller's ctx and the client bound it.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) {
+		c.timeout = d
+		c.noBudget = d <= 0
+	}
+}
