@@ -1,0 +1,103 @@
+package httplimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// APIKey returns a KeyFunc that counts a request by the API key in header,
+// as "key:" and the first 32 hex digits (128 bits) of the key's SHA-256:
+// keys are secrets, and Redis keys are seen by whoever can run SCAN or read
+// a slow log. Only keys that known accepts count as an identity; a request
+// with no key, or one known rejects, falls through to the next KeyFunc (at
+// last the client address), so that a client cannot get a fresh count by
+// sending a made-up key. known runs on every request with a key: it should
+// be a map lookup or a cache, not a database round trip. APIKey panics if
+// header is empty or known is nil.
+func APIKey(header string, known func(key string) bool) KeyFunc {
+	if header == "" || known == nil {
+		panic("httplimit: APIKey needs a header name and a function that recognises keys")
+	}
+	header = http.CanonicalHeaderKey(header)
+	return func(r *http.Request) string {
+		k := r.Header.Get(header)
+		if k == "" || !known(k) {
+			return ""
+		}
+		return HashedKey(k)
+	}
+}
+
+// HashedKey returns the identity APIKey gives key: "key:" and the first 32
+// hex digits of its SHA-256. Use it to Reset or Peek a key's count.
+func HashedKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "key:" + hex.EncodeToString(sum[:16])
+}
+
+// UserID returns a KeyFunc that counts a request by the user id an earlier
+// middleware (authentication) stored in the request's context under ctxKey,
+// as "user:<id>". The value may be a string, any integer type or a
+// fmt.Stringer; a missing value, an empty id or a value of another type
+// falls through to the next KeyFunc.
+func UserID(ctxKey any) KeyFunc {
+	return func(r *http.Request) string {
+		id := idString(r.Context().Value(ctxKey))
+		if id == "" {
+			return ""
+		}
+		return "user:" + id
+	}
+}
+
+func idString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int:
+		return strconv.Itoa(v)
+	case int32:
+		return strconv.FormatInt(int64(v), 10)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case uint:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint32:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case fmt.Stringer:
+		return v.String()
+	}
+	return ""
+}
+
+// identity returns the id r is counted under: the first KeyFunc's non-empty
+// answer or the client address, after the route if there is one.
+func (c *config) identity(r *http.Request) string {
+	id := ""
+	for _, fn := range c.keys {
+		if id = fn(r); id != "" {
+			break
+		}
+	}
+	if id == "" {
+		id = c.ip.key(r)
+	}
+	if c.route == nil {
+		return id
+	}
+	route := c.route(r)
+	if route == "" {
+		return id
+	}
+	return routeEscaper.Replace(route) + "|" + id
+}
+
+// routeEscaper keeps '|' out of the route, so that "<route>|<identity>"
+// splits one way only.
+var routeEscaper = strings.NewReplacer("%", "%25", "|", "%7C")

@@ -1,0 +1,164 @@
+// Package httplimit puts a ratelimit.Limiter in front of any net/http
+// handler. Middleware returns a func(http.Handler) http.Handler, the shape
+// http.ServeMux users wrap by hand and chi, gorilla/mux and most other
+// routers take as middleware.
+//
+// Each request is counted under one identity: by default its client address,
+// taken from RemoteAddr and nothing else (WithTrustedProxies and
+// WithClientIPHeader say which proxy headers to believe, and from whom);
+// IPv6 addresses are grouped by /64. WithKeys counts authenticated traffic by
+// API key or user id instead, WithRoute counts each route apart, and
+// WithLimitFunc picks a limit per request, for plans.
+//
+// Every counted response carries X-RateLimit-Limit, X-RateLimit-Remaining
+// and X-RateLimit-Reset, and the IETF draft's RateLimit-Policy and
+// RateLimit; a denied request gets 429 with Retry-After, and a request Redis
+// could not decide under ratelimit.FailClosed gets 503.
+package httplimit
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// Middleware returns middleware that decides each request against limit
+// with l, and passes it on to the next handler only if it is allowed.
+//
+// In the order it happens: a request WithSkip or WithAllowList lets through
+// goes on untouched. The others are counted under their identity (WithKeys,
+// WithRoute; by default the client address), at their cost (WithCost;
+// default 1), against their limit (WithLimitFunc; default limit). The
+// rate-limit headers (WithHeaders) are set on the response, and the Result
+// is stored in the request's context (FromContext). Then:
+//
+//   - allowed: the next handler serves the request;
+//   - denied: the denied handler answers (WithDeniedHandler; default 429
+//     with Retry-After, in whole seconds rounded up, and a problem+json
+//     body). A request whose cost is above the limit's rate can never pass:
+//     it gets 429 without Retry-After;
+//   - the limiter returned an error: the error handler answers
+//     (WithErrorHandler; default 503 for Redis down under FailClosed, 500
+//     for invalid input).
+//
+// Under ratelimit.FailOpen, a request Redis could not decide is allowed; its
+// response carries X-RateLimit-Limit and RateLimit-Policy, which are true,
+// but no Remaining, Reset or RateLimit, which would be made up.
+//
+// The middleware is safe for simultaneous use by multiple goroutines, as
+// long as the functions given to the options are. Middleware panics if l is
+// nil; an invalid limit is reported by the Limiter on each request, through
+// the error handler.
+func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) func(http.Handler) http.Handler {
+	if l == nil {
+		panic("httplimit: Middleware was given a nil Limiter")
+	}
+	cfg := config{headers: AllHeaders}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	if !cfg.hasHeader {
+		cfg.headers = AllHeaders
+	}
+	if cfg.denied == nil {
+		cfg.denied = http.HandlerFunc(tooManyRequests)
+	}
+	if cfg.onError == nil {
+		cfg.onError = defaultErrorHandler
+	}
+	name := cfg.name
+	if name == "" {
+		name = policyName(limit)
+	}
+	m := &middleware{cfg: cfg, limiter: l, base: newPolicy(name, limit)}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(w, r, next)
+		})
+	}
+}
+
+// FromContext returns the Result of the decision the middleware made for
+// the request whose context ctx is, and whether there was one: there is
+// none for a request it let through uncounted.
+func FromContext(ctx context.Context) (ratelimit.Result, bool) {
+	res, ok := ctx.Value(resultKey{}).(ratelimit.Result)
+	return res, ok
+}
+
+type resultKey struct{}
+
+// policy is a limit with its name already quoted for the IETF headers.
+type policy struct {
+	limit  ratelimit.Limit
+	quoted string
+}
+
+func newPolicy(name string, limit ratelimit.Limit) *policy {
+	return &policy{limit: limit, quoted: sfString(name)}
+}
+
+type middleware struct {
+	cfg     config
+	limiter *ratelimit.Limiter
+	base    *policy // the limit given to Middleware, with its name
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	c := &m.cfg
+	if c.skip != nil && c.skip(r) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	if len(c.allow) > 0 {
+		if a, ok := c.ip.clientAddr(r); ok {
+			for _, p := range c.allow {
+				if p.Contains(a) {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+		}
+	}
+	p := m.policyFor(r)
+	cost := int64(1)
+	if c.cost != nil {
+		cost = c.cost(r)
+	}
+	res, err := m.limiter.AllowN(r.Context(), c.identity(r), p.limit, cost)
+	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
+	if err != nil {
+		if res.Degraded {
+			setPolicyHeaders(w.Header(), c.headers, p)
+		}
+		c.onError(w, r, err)
+		return
+	}
+	setHeaders(w.Header(), c.headers, p, res)
+	if !res.Allowed {
+		c.denied.ServeHTTP(w, r)
+		return
+	}
+	next.ServeHTTP(w, r)
+}
+
+// policyFor returns the limit r is decided against, and its name.
+func (m *middleware) policyFor(r *http.Request) *policy {
+	if m.cfg.policy == nil {
+		return m.base
+	}
+	p := m.cfg.policy(r)
+	if p.Limit == (ratelimit.Limit{}) {
+		if p.Name == "" {
+			return m.base
+		}
+		return newPolicy(p.Name, m.base.limit)
+	}
+	if p.Name == "" {
+		p.Name = policyName(p.Limit)
+	}
+	return newPolicy(p.Name, p.Limit)
+}

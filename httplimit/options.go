@@ -1,0 +1,228 @@
+package httplimit
+
+import (
+	"net/http"
+	"net/netip"
+	"strconv"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// Option configures a Middleware. The With… functions panic, with a message
+// that starts "httplimit:", on arguments that could only be a mistake, so
+// that a bad configuration stops the program at start-up rather than
+// letting every request through.
+type Option func(*config)
+
+// HeaderSet selects the groups of rate-limit headers a response carries.
+// Retry-After on a 429 does not belong to any set: it is always sent.
+type HeaderSet uint8
+
+const (
+	// XRateLimitHeaders are X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, the de facto headers most clients read.
+	XRateLimitHeaders HeaderSet = 1 << iota
+	// IETFHeaders are RateLimit-Policy and RateLimit, as in
+	// draft-ietf-httpapi-ratelimit-headers.
+	IETFHeaders
+
+	// AllHeaders is the default: both sets.
+	AllHeaders = XRateLimitHeaders | IETFHeaders
+)
+
+// Policy is a limit together with the name the IETF headers give it.
+type Policy struct {
+	// Name names the policy in RateLimit-Policy and RateLimit. Empty: the
+	// name of the limit given to Middleware if Limit is zero, else one
+	// derived from Limit, as in "100-per-60s". Bytes outside printable ASCII
+	// are sent as '_'.
+	Name string
+	// Limit is the limit the request is decided against. A zero Limit
+	// selects the limit given to Middleware.
+	Limit ratelimit.Limit
+}
+
+// KeyFunc returns the identity a request is counted under, or "" when the
+// request has no identity of the kind it looks for, so that the next KeyFunc
+// is tried. The identity should name its kind ("org:42") so that it cannot
+// meet the identities of other KeyFuncs, and must come from something the
+// client cannot choose freely: a KeyFunc that returns a raw request header
+// gives every client as many counts as it has values to send.
+type KeyFunc func(r *http.Request) string
+
+type config struct {
+	keys      []KeyFunc
+	route     func(*http.Request) string
+	ip        ipRule
+	policy    func(*http.Request) Policy
+	name      string
+	cost      func(*http.Request) int64
+	skip      func(*http.Request) bool
+	allow     []netip.Prefix
+	headers   HeaderSet
+	denied    http.Handler
+	onError   func(http.ResponseWriter, *http.Request, error)
+	hasHeader bool // WithHeaders was given
+}
+
+// WithKeys sets how requests are told apart: each KeyFunc is tried in turn
+// and the first identity that is not empty is the one counted. The client
+// address is always the last resort, so that unauthenticated traffic is
+// counted by address and authenticated traffic by key or user:
+//
+//	httplimit.WithKeys(httplimit.UserID(userKey), httplimit.APIKey("X-API-Key", known))
+//
+// With no KeyFunc (the default), every request is counted by client address.
+func WithKeys(fns ...KeyFunc) Option {
+	return func(c *config) {
+		c.keys = c.keys[:0]
+		for _, fn := range fns {
+			if fn != nil {
+				c.keys = append(c.keys, fn)
+			}
+		}
+	}
+}
+
+// WithRoute counts each route separately: the identity becomes
+// "<route>|<identity>", with '%' and '|' in the route percent-encoded. fn
+// must return one of a fixed set of names, never the raw URL path, which
+// the client chooses (a count per path is a fresh count per request). With
+// http.ServeMux, the pattern that will serve the request is such a name:
+//
+//	httplimit.WithRoute(func(r *http.Request) string { _, p := mux.Handler(r); return p })
+//
+// An empty route leaves the identity as it is.
+func WithRoute(fn func(r *http.Request) string) Option {
+	return func(c *config) { c.route = fn }
+}
+
+// WithTrustedProxies makes the client address come from header, which the
+// proxies in front of the application append to: "X-Forwarded-For" or
+// "Forwarded" (RFC 7239, its for= parameters). proxies are the ranges every
+// such proxy's address lies in.
+//
+// The client is the right-most address that is not in proxies, counting the
+// peer (RemoteAddr) as the right-most of all: a request from a peer outside
+// proxies is counted by the peer's address whatever its headers say, and
+// entries left of the first untrusted one are never read, so a client cannot
+// move its key by sending the header itself. If every address is trusted,
+// the left-most is the client. A peer that is not an IP address (a Unix
+// socket) counts as a trusted proxy. An entry that is reached but is not an
+// address ("unknown", "_hidden", garbage) makes the request UnknownClient.
+//
+// WithTrustedProxies panics if header is neither, or if proxies is empty or
+// holds an invalid prefix.
+func WithTrustedProxies(header string, proxies ...netip.Prefix) Option {
+	h := http.CanonicalHeaderKey(header)
+	if h != headerXFF && h != headerForwarded {
+		panic("httplimit: WithTrustedProxies reads X-Forwarded-For or Forwarded, not " + strconv.Quote(header) +
+			"; for a header that holds one address use WithClientIPHeader")
+	}
+	if len(proxies) == 0 {
+		panic("httplimit: WithTrustedProxies was given no proxy range; without one, leave it out")
+	}
+	trusted := normalizePrefixes("WithTrustedProxies", proxies)
+	return func(c *config) {
+		c.ip.mode, c.ip.header, c.ip.trusted = fromProxies, h, trusted
+	}
+}
+
+// WithClientIPHeader makes the client address the value of header, one that
+// holds a single address and that the edge in front of the application sets
+// on every request, replacing any the client sent: X-Real-IP,
+// CF-Connecting-IP, True-Client-IP, Fly-Client-IP and the like. If from is
+// given, the header is believed only from peers in those ranges, and any
+// other peer is counted by its own address; without from, the application
+// must be unreachable except through the edge, or any client can choose its
+// key. A request whose header is missing or not one address is UnknownClient.
+//
+// WithClientIPHeader panics if header is empty, X-Forwarded-For or Forwarded
+// (lists: use WithTrustedProxies), or if from holds an invalid prefix.
+func WithClientIPHeader(header string, from ...netip.Prefix) Option {
+	h := http.CanonicalHeaderKey(header)
+	if h == "" || h == headerXFF || h == headerForwarded {
+		panic("httplimit: WithClientIPHeader needs a header that holds one address, not " + strconv.Quote(header) +
+			"; for X-Forwarded-For and Forwarded use WithTrustedProxies")
+	}
+	senders := normalizePrefixes("WithClientIPHeader", from)
+	return func(c *config) {
+		c.ip.mode, c.ip.header, c.ip.trusted = fromHeader, h, senders
+	}
+}
+
+// WithIPv6Prefix sets how many leading bits of an IPv6 client address make
+// its key (default DefaultIPv6Prefix, 64): every address in one such prefix
+// shares a count. It panics if bits is not in 1..128.
+func WithIPv6Prefix(bits int) Option {
+	if bits < 1 || bits > 128 {
+		panic("httplimit: WithIPv6Prefix needs 1 to 128 bits, not " + strconv.Itoa(bits))
+	}
+	return func(c *config) { c.ip.v6Bits = bits }
+}
+
+// WithLimitFunc chooses the limit for each request, as for plans or routes
+// with limits of their own. fn runs before the decision; a Policy with a zero
+// Limit selects the limit given to Middleware. A client whose plan changes
+// keeps its count, if its identity stays the same: limits of the same window
+// length share counts.
+func WithLimitFunc(fn func(r *http.Request) Policy) Option {
+	return func(c *config) { c.policy = fn }
+}
+
+// WithPolicyName names the limit given to Middleware in the IETF headers
+// (default: derived from the limit, as in "100-per-60s").
+func WithPolicyName(name string) Option {
+	return func(c *config) { c.name = name }
+}
+
+// WithCost sets what each request costs (default 1), as for endpoints
+// heavier than others. A cost below 1 is an error (ratelimit.ErrInvalidCost)
+// that goes to the error handler; to let a request through uncounted, use
+// WithSkip. A cost above the limit's rate is always denied (see
+// WithDeniedHandler).
+func WithCost(fn func(r *http.Request) int64) Option {
+	return func(c *config) { c.cost = fn }
+}
+
+// WithSkip lets the requests for which fn is true through uncounted and
+// without rate-limit headers: health checks, metrics, CORS preflights.
+// WithSkip given twice keeps the last fn.
+func WithSkip(fn func(r *http.Request) bool) Option {
+	return func(c *config) { c.skip = fn }
+}
+
+// WithAllowList lets requests from client addresses in prefixes through
+// uncounted and without rate-limit headers. The address is the one the
+// client-IP rule finds (WithTrustedProxies, WithClientIPHeader), so a client
+// cannot get on the list by sending a header. It panics on an invalid prefix.
+func WithAllowList(prefixes ...netip.Prefix) Option {
+	allow := normalizePrefixes("WithAllowList", prefixes)
+	return func(c *config) { c.allow = allow }
+}
+
+// WithHeaders selects the rate-limit headers every response carries
+// (default AllHeaders). WithHeaders(0) sends none but Retry-After.
+func WithHeaders(set HeaderSet) Option {
+	return func(c *config) { c.headers, c.hasHeader = set, true }
+}
+
+// WithDeniedHandler sets the handler that answers a request the limit
+// denies (default: 429 with an RFC 9457 problem+json body). The rate-limit
+// headers and Retry-After are set, and the status not yet written, when it
+// runs; FromContext gives it the Result. A handler that writes no status
+// answers 200, so it should write one.
+func WithDeniedHandler(h http.Handler) Option {
+	return func(c *config) { c.denied = h }
+}
+
+// WithErrorHandler sets the function that answers a request the limiter
+// returned an error for. The default answers 503 with a problem+json body
+// when Redis could not decide under ratelimit.FailClosed (the error wraps
+// ratelimit.ErrUnavailable) or the request's context ended, and 500, logging
+// the error through log/slog, for any other error: invalid input, which is a
+// bug in the configuration (an invalid limit, an empty identity, a cost
+// below 1). FromContext gives it the Result; under FailClosed it is Degraded.
+func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) { c.onError = fn }
+}
