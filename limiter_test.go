@@ -155,24 +155,27 @@ func runSemantics(t *testing.T, mk newEnv) {
 }
 
 // The article's worked example: 80 in the previous minute, 30 in this one,
-// 18 seconds in. 30 + floor(80 × 42/60) = 86. Floating point weighs 80 by
-// 0.7 and can land on 55.99…, which floors to 85 and would admit a request
-// at Rate 86.
+// 18 seconds in. 30 + floor(80 × 42/60) = 86. With 90 in the previous minute
+// the estimate is 30 + 63 = 93, where the article's floating-point weight
+// gives floor(90 × 0.7) = floor(62.99…) = 62 and would admit a request at
+// Rate 93.
 func testArticleExample(t *testing.T, e env) {
 	ctx := context.Background()
 	e.clock.Set(epoch.Add(18 * time.Second))
 	for _, tc := range []struct {
-		rate    int64
-		allowed bool
-		count   int64
+		prev, rate int64
+		allowed    bool
+		count      int64
 	}{
-		{rate: 100, allowed: true, count: 87},
-		{rate: 87, allowed: true, count: 87},
-		{rate: 86, allowed: false, count: 86},
+		{prev: 80, rate: 100, allowed: true, count: 87},
+		{prev: 80, rate: 87, allowed: true, count: 87},
+		{prev: 80, rate: 86, allowed: false, count: 86},
+		{prev: 90, rate: 94, allowed: true, count: 94},
+		{prev: 90, rate: 93, allowed: false, count: 93},
 	} {
-		t.Run(fmt.Sprint("rate", tc.rate), func(t *testing.T) {
-			id := fmt.Sprint("client-", tc.rate)
-			e.set(t, id, time.Minute, 30, 80)
+		t.Run(fmt.Sprintf("prev%d/rate%d", tc.prev, tc.rate), func(t *testing.T) {
+			id := fmt.Sprintf("client-%d-%d", tc.prev, tc.rate)
+			e.set(t, id, time.Minute, 30, tc.prev)
 			res, err := e.limiter().Allow(ctx, id, ratelimit.PerMinute(tc.rate))
 			require.NoError(t, err)
 			require.Equal(t, tc.allowed, res.Allowed)
@@ -466,10 +469,11 @@ func flushScripts(t *testing.T, c redis.UniversalClient) {
 }
 
 // 64 goroutines asking at once for one id get exactly Rate admissions,
-// with every count from 1 to Rate handed out once.
+// with every count from 1 to Rate handed out once. The timeout is long: this
+// is about atomicity, and a race-detector build on a busy machine is slow.
 func testConcurrent(t *testing.T, e env) {
 	ctx := context.Background()
-	l := e.limiter()
+	l := e.limiter(ratelimit.WithTimeout(time.Minute))
 	limit := ratelimit.PerMinute(100)
 	var mu sync.Mutex
 	seen := map[int64]int{}

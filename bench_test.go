@@ -1,0 +1,62 @@
+package ratelimit_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// benchIDs are the clients a benchmark spreads its requests over, so that
+// it measures real reads and writes of many keys, not one hot key.
+var benchIDs = func() []string {
+	ids := make([]string, 10_000)
+	for i := range ids {
+		ids[i] = "client-" + strconv.Itoa(i)
+	}
+	return ids
+}()
+
+// sink keeps the compiler from dropping the decisions.
+var sink atomic.Int64
+
+func BenchmarkAllow(b *testing.B) {
+	b.Run("miniredis", func(b *testing.B) {
+		mr := miniredis.RunT(b)
+		benchAllow(b, redis.NewClient(&redis.Options{Addr: mr.Addr()}))
+	})
+	b.Run("redis-server", func(b *testing.B) {
+		s := redistest.Start(b)
+		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64}))
+	})
+}
+
+// benchAllow runs Allow from parallel goroutines over benchIDs, with a
+// limit high enough that every request is allowed and so written.
+func benchAllow(b *testing.B, client *redis.Client) {
+	b.Cleanup(func() { _ = client.Close() })
+	l := ratelimit.New(client)
+	limit := ratelimit.PerMinute(1 << 30)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		var allowed int64
+		for i := next.Add(7919); pb.Next(); i++ {
+			res, err := l.Allow(ctx, benchIDs[i%int64(len(benchIDs))], limit)
+			if err != nil || !res.Allowed {
+				b.Errorf("Allow: %v, allowed %v", err, res.Allowed)
+				return
+			}
+			allowed += res.Count
+		}
+		sink.Add(allowed)
+	})
+}
