@@ -1,0 +1,221 @@
+// Command bench runs one contender of the comparison per process and makes
+// the table; bench/run.sh drives it.
+//
+//	bench run -addr 127.0.0.1:6379 -contender ours -scenario allowed -c 64 -duration 3s -flush
+//	bench mem -addr 127.0.0.1:6379 -contender ours -windows 2 -flush
+//	bench table results.jsonl...
+//	bench list [-scenario denied]
+//	bench freeport
+//	bench ping -addr 127.0.0.1:6379
+//
+// run and mem print one JSON line and exit 1 when calls failed or the
+// outcome missed the scenario's check. -flush runs FLUSHALL: give it only
+// for a server the bench owns.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/bench"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "run":
+		err = run(args)
+	case "mem":
+		err = mem(args)
+	case "table":
+		err = table(args)
+	case "list":
+		err = list(args)
+	case "freeport":
+		err = freeport()
+	case "ping":
+		err = ping(args)
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: bench run|mem|table|list|freeport|ping [flags]; bench CMD -h for flags")
+	os.Exit(2)
+}
+
+// errFailed reports a run whose result is printed but not OK.
+var errFailed = errors.New("the run failed its checks (see the JSON line)")
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:6379", "Redis address")
+	name := fs.String("contender", "ours", fmt.Sprint("one of ", bench.Names()))
+	scenario := fs.String("scenario", "allowed", "allowed or denied")
+	conc := fs.Int("c", 1, "goroutines deciding at once")
+	dur := fs.Duration("duration", 3*time.Second, "measured time")
+	warmup := fs.Duration("warmup", 300*time.Millisecond, "unmeasured time before, same load")
+	round := fs.Int("round", 1, "round number, copied into the JSON")
+	pool := fs.Int("pool", 0, "go-redis PoolSize (0: go-redis's default, 10 per GOMAXPROCS)")
+	flush := fs.Bool("flush", false, "FLUSHALL first (only for a server the bench owns)")
+	_ = fs.Parse(args)
+	c, err := bench.Lookup(*name)
+	if err != nil {
+		return err
+	}
+	s, err := bench.LookupScenario(*scenario)
+	if err != nil {
+		return err
+	}
+	res, err := bench.Run(context.Background(), bench.RunConfig{
+		Contender: c, Scenario: s, Concurrency: *conc, Duration: *dur, Warmup: *warmup,
+		Options: redis.Options{Addr: *addr, PoolSize: *pool}, Round: *round, Flush: *flush,
+	})
+	if err != nil {
+		return err
+	}
+	if err := printJSON(res); err != nil {
+		return err
+	}
+	if !res.OK {
+		return fmt.Errorf("%s, %s, %d goroutines: %s: %w", res.Contender, res.Scenario, res.Concurrency, res.Problem, errFailed)
+	}
+	return nil
+}
+
+func mem(args []string) error {
+	fs := flag.NewFlagSet("mem", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:6379", "Redis address")
+	name := fs.String("contender", "ours", fmt.Sprint("one of ", bench.Names()))
+	clients := fs.Int("clients", 100_000, "distinct clients")
+	windows := fs.Int("windows", 1, "consecutive windows each client is active in")
+	conc := fs.Int("c", 16, "goroutines making the requests")
+	flush := fs.Bool("flush", false, "FLUSHALL first; the measurement needs an empty server (only for a server the bench owns)")
+	_ = fs.Parse(args)
+	c, err := bench.Lookup(*name)
+	if err != nil {
+		return err
+	}
+	res, err := bench.MeasureMemory(context.Background(), bench.MemoryConfig{
+		Contender: c, Options: redis.Options{Addr: *addr}, Clients: *clients,
+		Windows: *windows, Concurrency: *conc, Flush: *flush,
+	})
+	if err != nil {
+		return err
+	}
+	if err := printJSON(res); err != nil {
+		return err
+	}
+	if !res.OK {
+		return fmt.Errorf("%s, memory, %d windows: %s: %w", res.Contender, res.Windows, res.Problem, errFailed)
+	}
+	return nil
+}
+
+func table(files []string) error {
+	var readers []io.Reader
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		defer fh.Close()
+		readers = append(readers, fh)
+	}
+	if len(readers) == 0 {
+		readers = append(readers, os.Stdin)
+	}
+	res, err := bench.ReadResults(io.MultiReader(readers...))
+	if err != nil {
+		return err
+	}
+	if err := bench.Table(os.Stdout, res); err != nil {
+		return err
+	}
+	if res.Failed() {
+		return errors.New("some runs failed; see the end of the table")
+	}
+	return nil
+}
+
+// list prints the contenders' names, one a line: those that take part in
+// the scenario if one is given (the offline no-op only where all requests
+// are allowed, as its decisions are not checked), or, with -memory, those
+// that keep state in Redis.
+func list(args []string) error {
+	fs := flag.NewFlagSet("list", flag.ExitOnError)
+	scenario := fs.String("scenario", "", "only the contenders that run in this scenario")
+	memory := fs.Bool("memory", false, "only the contenders whose memory can be measured")
+	_ = fs.Parse(args)
+	var s bench.Scenario
+	if *scenario != "" {
+		var err error
+		if s, err = bench.LookupScenario(*scenario); err != nil {
+			return err
+		}
+	}
+	for _, c := range bench.Contenders() {
+		if c.Offline && (*memory || s.MinDenied > 0) {
+			continue
+		}
+		fmt.Println(c.Name)
+	}
+	return nil
+}
+
+// freeport prints a TCP port free on the loopback interface just now.
+func freeport() error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	fmt.Println(l.Addr().(*net.TCPAddr).Port)
+	return nil
+}
+
+// ping waits up to -wait for Redis to answer PING.
+func ping(args []string) error {
+	fs := flag.NewFlagSet("ping", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:6379", "Redis address")
+	wait := fs.Duration("wait", 10*time.Second, "how long to keep trying")
+	_ = fs.Parse(args)
+	client := redis.NewClient(&redis.Options{Addr: *addr, MaxRetries: -1})
+	defer client.Close()
+	deadline := time.Now().Add(*wait)
+	for {
+		err := client.Ping(context.Background()).Err()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from %s after %v: %w", *addr, *wait, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func printJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Printf("%s\n", b)
+	return err
+}

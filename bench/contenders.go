@@ -1,0 +1,163 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit"
+	"github.com/throttled/throttled/v2"
+	goredisstore "github.com/throttled/throttled/v2/store/goredisstore.v9"
+	"github.com/ulule/limiter/v3"
+	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
+)
+
+// Contenders returns every registered contender, in the order the table
+// lists them. To add one, add an entry here: a name, a line for the legend,
+// and a constructor (see Env for what it is given).
+func Contenders() []Contender {
+	return []Contender{
+		{
+			Name:    "noop",
+			About:   "no Redis, no work: what the harness itself costs (not a rate limiter)",
+			Offline: true,
+			New: func(context.Context, Env) (Decider, error) {
+				return DeciderFunc(func(context.Context, string) (bool, error) { return true, nil }), nil
+			},
+		},
+		{
+			Name:    "ours",
+			About:   "this library with its defaults: ratelimit.New(client).Allow",
+			Clocked: true,
+			New: func(_ context.Context, env Env) (Decider, error) {
+				return newOurs(env.Client, env), nil
+			},
+		},
+		{
+			Name: "ours/ctxclient",
+			About: "this library on a client made with ContextTimeoutEnabled, so that the Limiter " +
+				"leaves its deadline to go-redis instead of watching it in a goroutine",
+			Clocked: true,
+			New: func(_ context.Context, env Env) (Decider, error) {
+				opts := env.Options
+				opts.ContextTimeoutEnabled = true
+				client := redis.NewClient(&opts)
+				return closers{newOurs(client, env), []io.Closer{client}}, nil
+			},
+		},
+		{
+			Name:    "bare/ours",
+			About:   "ceiling of our script: bare go-redis EvalSha of sliding_window.lua, no library",
+			Clocked: true,
+			New: func(ctx context.Context, env Env) (Decider, error) {
+				return newBareOurs(ctx, env, env.Client)
+			},
+		},
+		{
+			Name:    "bare/ours+autopipe",
+			About:   "the same bare EvalSha sent through go-redis's AutoPipeline (batches concurrent calls)",
+			Clocked: true,
+			New: func(ctx context.Context, env Env) (Decider, error) {
+				ap, err := env.Client.AutoPipeline()
+				if err != nil {
+					return nil, err
+				}
+				d, err := newBareOurs(ctx, env, ap)
+				if err != nil {
+					return nil, err
+				}
+				return closers{d, []io.Closer{ap}}, nil
+			},
+		},
+		{
+			Name:    "bare/article",
+			About:   "ceiling of the article's script: bare EvalSha of article.lua (GET, GET, INCR, EXPIRE)",
+			Clocked: true,
+			New: func(ctx context.Context, env Env) (Decider, error) {
+				return newBareArticle(ctx, env)
+			},
+		},
+		{
+			Name:  "redis_rate",
+			About: "github.com/go-redis/redis_rate/v10: GCRA, burst = rate, one EVALSHA",
+			New: func(_ context.Context, env Env) (Decider, error) {
+				lim := redis_rate.NewLimiter(env.Client)
+				l := redis_rate.Limit{Rate: int(env.Limit.Rate), Burst: int(env.Limit.Rate), Period: env.Limit.Window}
+				return DeciderFunc(func(ctx context.Context, id string) (bool, error) {
+					res, err := lim.Allow(ctx, id, l)
+					if err != nil {
+						return false, err
+					}
+					return res.Allowed > 0, nil
+				}), nil
+			},
+		},
+		{
+			Name:  "ulule",
+			About: "github.com/ulule/limiter/v3 with its Redis store: fixed window, one EVALSHA",
+			New: func(_ context.Context, env Env) (Decider, error) {
+				store, err := redisstore.NewStoreWithOptions(env.Client, limiter.StoreOptions{Prefix: "limiter"})
+				if err != nil {
+					return nil, err
+				}
+				lim := limiter.New(store, limiter.Rate{Period: env.Limit.Window, Limit: env.Limit.Rate})
+				return DeciderFunc(func(ctx context.Context, id string) (bool, error) {
+					res, err := lim.Get(ctx, id)
+					if err != nil {
+						return false, err
+					}
+					return !res.Reached, nil
+				}), nil
+			},
+		},
+		{
+			Name: "throttled",
+			About: "github.com/throttled/throttled/v2 with store/goredisstore.v9: GCRA, burst = rate; " +
+				"a pipelined TIME+GET, then a compare-and-swap EVAL (SETNX+EXPIRE for a new key)",
+			New: func(_ context.Context, env Env) (Decider, error) {
+				store, err := goredisstore.NewCtx(env.Client, "throttled:")
+				if err != nil {
+					return nil, err
+				}
+				quota := throttled.RateQuota{
+					MaxRate:  throttled.PerDuration(int(env.Limit.Rate), env.Limit.Window),
+					MaxBurst: int(env.Limit.Rate) - 1,
+				}
+				rl, err := throttled.NewGCRARateLimiterCtx(store, quota)
+				if err != nil {
+					return nil, err
+				}
+				return DeciderFunc(func(ctx context.Context, id string) (bool, error) {
+					limited, _, err := rl.RateLimitCtx(ctx, id, 1)
+					return !limited && err == nil, err
+				}), nil
+			},
+		},
+	}
+}
+
+// newOurs returns a Decider running this library on client. A decision the
+// failure policy made (Redis failed) counts as an error, with the error the
+// Limiter handed to its error handler.
+func newOurs(client redis.UniversalClient, env Env) Decider {
+	var last atomic.Pointer[error]
+	l := ratelimit.New(client,
+		ratelimit.WithClock(env.Now),
+		ratelimit.WithErrorHandler(func(_ context.Context, _ string, err error) { last.Store(&err) }),
+	)
+	limit := env.Limit
+	return DeciderFunc(func(ctx context.Context, id string) (bool, error) {
+		res, err := l.Allow(ctx, id, limit)
+		if err == nil && res.Degraded {
+			err = errors.New("bench: degraded decision")
+			if e := last.Load(); e != nil {
+				err = fmt.Errorf("bench: degraded decision: %w", *e)
+			}
+		}
+		return res.Allowed, err
+	})
+}

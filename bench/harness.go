@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit"
+)
+
+// Scenario is a pattern of traffic and the outcome every contender must
+// produce under it, or the run fails.
+type Scenario struct {
+	// Name is how the command line, the JSON and the table call it.
+	Name string
+	// About says what the scenario is, for the table.
+	About string
+	// Limit is the limit every decision is made against.
+	Limit ratelimit.Limit
+	// IDs is how many distinct client ids the goroutines cycle through.
+	IDs int
+	// MinAllowed and MinDenied are the least shares (0 to 1) of decisions
+	// that must be allowed and denied: a check that the calls did real work.
+	MinAllowed, MinDenied float64
+}
+
+// Scenarios returns the scenarios of a run, in the table's order.
+func Scenarios() []Scenario {
+	return []Scenario{
+		{
+			Name:       "allowed",
+			About:      "10,000 client ids, limit 1,000,000 per minute: every request is allowed and counted",
+			Limit:      ratelimit.PerMinute(1_000_000),
+			IDs:        10_000,
+			MinAllowed: 0.999,
+		},
+		{
+			Name:      "denied",
+			About:     "one abusive client hammering one id, limit 10 per minute: nearly every request is denied",
+			Limit:     ratelimit.PerMinute(10),
+			IDs:       1,
+			MinDenied: 0.9,
+		},
+	}
+}
+
+// LookupScenario returns the scenario called name.
+func LookupScenario(name string) (Scenario, error) {
+	for _, s := range Scenarios() {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return Scenario{}, fmt.Errorf("bench: no scenario %q", name)
+}
+
+// IDs returns n distinct client ids: prefix + "client-000000", and so on.
+func IDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%sclient-%06d", prefix, i)
+	}
+	return ids
+}
+
+// RunConfig describes one measured run of one contender.
+type RunConfig struct {
+	Contender   Contender
+	Scenario    Scenario
+	Concurrency int           // goroutines deciding at once; at least 1
+	Duration    time.Duration // measured time
+	Warmup      time.Duration // time before, same load, not measured
+	Options     redis.Options // the Redis client's options (Addr at least)
+	Round       int           // copied into the result, for the table
+	IDPrefix    string        // starts every client id, to keep runs apart
+	// Flush runs FLUSHALL before the run. Only for a server the bench owns.
+	Flush bool
+}
+
+// RunResult is the outcome of one run, as one JSON line.
+type RunResult struct {
+	Kind        string  `json:"kind"` // "run"
+	Contender   string  `json:"contender"`
+	Scenario    string  `json:"scenario"`
+	Concurrency int     `json:"concurrency"`
+	Round       int     `json:"round"`
+	Seconds     float64 `json:"seconds"`
+	Decisions   int64   `json:"decisions"`
+	Allowed     int64   `json:"allowed"`
+	Denied      int64   `json:"denied"`
+	// Errors counts failed calls, warm-up included; any fails the run.
+	Errors     int64  `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+	// PerSecond is decisions per second of measured time.
+	PerSecond float64 `json:"decisions_per_s"`
+	// P50 and P99 are latencies of one decision, in microseconds.
+	P50 float64 `json:"p50_us"`
+	P99 float64 `json:"p99_us"`
+	// AllocsPerDecision and BytesPerDecision are the deltas of
+	// runtime.MemStats Mallocs and TotalAlloc over the measured time, divided
+	// by Decisions: the whole process, go-redis's goroutines included.
+	AllocsPerDecision float64 `json:"allocs_per_decision"`
+	BytesPerDecision  float64 `json:"bytes_per_decision"`
+	GOMAXPROCS        int     `json:"gomaxprocs"`
+	GoVersion         string  `json:"go"`
+	// OK is false when calls failed or the outcome missed the scenario's
+	// check; Problem then says why.
+	OK      bool   `json:"ok"`
+	Problem string `json:"problem,omitempty"`
+}
+
+// worker is one goroutine's tally. Each is its own allocation, so that the
+// goroutines do not share cache lines.
+type worker struct {
+	allowed, denied, errors int64
+	firstErr                error
+	hist                    histogram
+}
+
+// Phases of a run, read by every worker before each call.
+const (
+	phaseWarmup int32 = iota
+	phaseMeasure
+	phaseStop
+)
+
+// Run measures one contender under one scenario and returns the result;
+// the error is for a run that could not start (no Redis, a constructor
+// failing). Failed calls are counted in the result, which is then not OK.
+func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
+	res := RunResult{
+		Kind: "run", Contender: cfg.Contender.Name, Scenario: cfg.Scenario.Name,
+		Concurrency: cfg.Concurrency, Round: cfg.Round,
+		GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+	}
+	if cfg.Concurrency < 1 || cfg.Duration <= 0 || cfg.Scenario.IDs < 1 {
+		return res, errors.New("bench: need a concurrency of 1 or more, a positive duration and ids")
+	}
+	opts := cfg.Options
+	client := redis.NewClient(&opts)
+	defer client.Close()
+	if !cfg.Contender.Offline {
+		if err := client.Ping(ctx).Err(); err != nil {
+			return res, fmt.Errorf("bench: Redis at %s: %w", opts.Addr, err)
+		}
+		if cfg.Flush {
+			if err := client.FlushAll(ctx).Err(); err != nil {
+				return res, fmt.Errorf("bench: FLUSHALL: %w", err)
+			}
+		}
+	}
+	d, err := cfg.Contender.New(ctx, Env{Client: client, Options: cfg.Options, Limit: cfg.Scenario.Limit, Now: time.Now})
+	if err != nil {
+		return res, fmt.Errorf("bench: starting %s: %w", cfg.Contender.Name, err)
+	}
+	defer closeDecider(d)
+
+	ids := IDs(cfg.IDPrefix, cfg.Scenario.IDs)
+	workers := make([]*worker, cfg.Concurrency)
+	for g := range workers {
+		workers[g] = new(worker)
+	}
+	var phase atomic.Int32
+	var wg sync.WaitGroup
+	for g, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.loop(ctx, d, ids, g*len(ids)/len(workers), &phase)
+		}()
+	}
+
+	time.Sleep(cfg.Warmup)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	phase.Store(phaseMeasure)
+	start := time.Now()
+	time.Sleep(cfg.Duration)
+	phase.Store(phaseStop)
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&after)
+	wg.Wait()
+
+	var all histogram
+	for _, w := range workers {
+		res.Allowed += w.allowed
+		res.Denied += w.denied
+		res.Errors += w.errors
+		if w.firstErr != nil && res.FirstError == "" {
+			res.FirstError = w.firstErr.Error()
+		}
+		all.merge(&w.hist)
+	}
+	res.Decisions = res.Allowed + res.Denied
+	res.Seconds = elapsed.Seconds()
+	res.PerSecond = float64(res.Decisions) / elapsed.Seconds()
+	res.P50 = all.quantile(0.50) / 1e3
+	res.P99 = all.quantile(0.99) / 1e3
+	if res.Decisions > 0 {
+		res.AllocsPerDecision = float64(after.Mallocs-before.Mallocs) / float64(res.Decisions)
+		res.BytesPerDecision = float64(after.TotalAlloc-before.TotalAlloc) / float64(res.Decisions)
+	}
+	res.Problem = check(res, cfg.Scenario, cfg.Contender.Offline)
+	res.OK = res.Problem == ""
+	return res, nil
+}
+
+// loop decides until the phase is phaseStop, starting at ids[i] and going
+// round; it counts only calls that start in phaseMeasure, but errors always.
+// Nothing in it allocates but the Decider.
+func (w *worker) loop(ctx context.Context, d Decider, ids []string, i int, phase *atomic.Int32) {
+	for {
+		ph := phase.Load()
+		if ph == phaseStop {
+			return
+		}
+		id := ids[i]
+		if i++; i == len(ids) {
+			i = 0
+		}
+		t0 := time.Now()
+		ok, err := d.Allow(ctx, id)
+		took := time.Since(t0)
+		switch {
+		case err != nil:
+			w.errors++
+			if w.firstErr == nil {
+				w.firstErr = err
+			}
+		case ph != phaseMeasure:
+		case ok:
+			w.allowed++
+			w.hist.record(took)
+		default:
+			w.denied++
+			w.hist.record(took)
+		}
+	}
+}
+
+// check returns what is wrong with res under s, or "".
+func check(res RunResult, s Scenario, offline bool) string {
+	switch {
+	case res.Errors > 0:
+		return fmt.Sprintf("%d calls failed; the first: %s", res.Errors, res.FirstError)
+	case res.Decisions == 0:
+		return "no decision was made"
+	case offline:
+		return ""
+	case float64(res.Allowed) < s.MinAllowed*float64(res.Decisions):
+		return fmt.Sprintf("only %d of %d decisions allowed; the scenario needs %.1f%%",
+			res.Allowed, res.Decisions, 100*s.MinAllowed)
+	case float64(res.Denied) < s.MinDenied*float64(res.Decisions):
+		return fmt.Sprintf("only %d of %d decisions denied; the scenario needs %.1f%%",
+			res.Denied, res.Decisions, 100*s.MinDenied)
+	}
+	return ""
+}
