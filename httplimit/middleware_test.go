@@ -540,3 +540,69 @@ func panicValue(fn func()) (v any) {
 	fn()
 	return nil
 }
+
+// TestSpoofersShareACount sends a fresh forwarding header with every request
+// and checks that the client is still counted once, by its real address.
+func TestSpoofersShareACount(t *testing.T) {
+	proxies := netip.MustParsePrefix("10.0.0.0/8")
+	tests := []struct {
+		name string
+		opts []httplimit.Option
+		peer string
+		fake func(i int) []string // header pairs the client sends
+		hop  []string             // header pairs the trusted proxy appends
+	}{
+		{"no proxy trusted", nil, "203.0.113.7:1", func(i int) []string {
+			a := "198.51.100." + strconv.Itoa(i)
+			return []string{"X-Forwarded-For", a, "Forwarded", "for=" + a, "X-Real-IP", a, "CF-Connecting-IP", a}
+		}, nil},
+		{"X-Forwarded-For behind a trusted proxy",
+			[]httplimit.Option{httplimit.WithTrustedProxies("X-Forwarded-For", proxies)}, "10.0.0.1:1",
+			func(i int) []string { return []string{"X-Forwarded-For", "198.51.100." + strconv.Itoa(i) + ", 10.0.0.9"} },
+			[]string{"X-Forwarded-For", "203.0.113.7"}},
+		{"Forwarded behind a trusted proxy",
+			[]httplimit.Option{httplimit.WithTrustedProxies("Forwarded", proxies)}, "10.0.0.1:1",
+			func(i int) []string { return []string{"Forwarded", "for=198.51.100." + strconv.Itoa(i)} },
+			[]string{"Forwarded", "for=203.0.113.7;proto=https"}},
+		{"X-Real-IP from a trusted edge, spoofed on a direct connection",
+			[]httplimit.Option{httplimit.WithClientIPHeader("X-Real-IP", proxies)}, "203.0.113.7:1",
+			func(i int) []string { return []string{"X-Real-IP", "198.51.100." + strconv.Itoa(i)} }, nil},
+	}
+	limit := ratelimit.PerMinute(5)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			served := 0
+			h := e.handler(&served, limit, tc.opts...)
+			for i := range 20 {
+				serve(h, request(tc.peer, append(tc.fake(i), tc.hop...)...))
+			}
+			require.Equal(t, 5, served)
+			require.Equal(t, int64(5), e.count(t, "ip:203.0.113.7", limit))
+		})
+	}
+}
+
+// TestIPv6RotationSharesACount sends from 20 addresses of one /64 and checks
+// that they share one count, while the next /64 has its own.
+func TestIPv6RotationSharesACount(t *testing.T) {
+	e := newEnv(t)
+	served := 0
+	limit := ratelimit.PerMinute(10)
+	h := e.handler(&served, limit,
+		httplimit.WithTrustedProxies("X-Forwarded-For", netip.MustParsePrefix("fd00::/8")))
+	for i := range 20 {
+		a := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 2, byte(i), 0xaa, 0, 0, 0, 0, 0, byte(i + 1)})
+		peer := "[" + a.String() + "]:1"
+		if i%2 == 1 { // half of them through the proxy
+			w := serve(h, request("[fd00::1]:443", "X-Forwarded-For", a.String()))
+			require.Equal(t, i < 10, w.Code == http.StatusOK, "request %d", i)
+			continue
+		}
+		w := serve(h, request(peer))
+		require.Equal(t, i < 10, w.Code == http.StatusOK, "request %d", i)
+	}
+	require.Equal(t, 10, served)
+	require.Equal(t, int64(10), e.count(t, "ip6:2001:db8:1:2::/64", limit))
+	require.Equal(t, http.StatusOK, serve(h, request("[2001:db8:1:3::1]:1")).Code)
+}

@@ -1,0 +1,63 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
+)
+
+// A free tier counted by client address behind a load balancer, and a paid
+// tier counted by API key, from one middleware.
+func ExampleMiddleware() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	// A fixed clock, 30s into a minute, so that the output below is exact.
+	now := time.UnixMilli(1_700_002_830_000)
+	limiter := ratelimit.New(client, ratelimit.WithClock(func() time.Time { return now }))
+
+	paidKeys := map[string]bool{"k-123": true}
+	known := func(key string) bool { return paidKeys[key] }
+	mw := httplimit.Middleware(limiter, ratelimit.PerMinute(2),
+		httplimit.WithPolicyName("free"),
+		httplimit.WithTrustedProxies("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8")),
+		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
+		httplimit.WithLimitFunc(func(r *http.Request) httplimit.Policy {
+			if known(r.Header.Get("X-API-Key")) {
+				return httplimit.Policy{Name: "paid", Limit: ratelimit.PerMinute(100)}
+			}
+			return httplimit.Policy{} // the free tier
+		}),
+		httplimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+	)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") }))
+
+	for _, apiKey := range []string{"", "", "", "k-123"} {
+		r := httptest.NewRequest(http.MethodGet, "/hello", nil)
+		r.RemoteAddr = "10.0.0.2:50000"                         // the load balancer
+		r.Header.Set("X-Forwarded-For", "1.2.3.4, 203.0.113.7") // a spoof, then the real client
+		if apiKey != "" {
+			r.Header.Set("X-API-Key", apiKey)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Header().Get("RateLimit"))
+	}
+	// Output:
+	// 200 "free";r=1;t=31
+	// 200 "free";r=0;t=61
+	// 429 "free";r=0;t=31
+	// 200 "paid";r=99;t=31
+}
