@@ -1,0 +1,259 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// The copy of the library's script that bare/ours sends must be the
+// library's script, or bare/ours is no ceiling of ours.
+func TestScriptCopy(t *testing.T) {
+	lib, err := os.ReadFile("../sliding_window.lua")
+	if err != nil {
+		t.Skipf("the library's script is not beside this module: %v", err)
+	}
+	require.Equal(t, string(lib), slidingWindowSource,
+		"bench/sliding_window.lua differs from ../sliding_window.lua: copy it, and update bareOurs.Allow if the arguments changed")
+}
+
+func TestHistogramQuantiles(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vals []time.Duration
+	}{
+		{"small", []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+		{"spread", func() []time.Duration {
+			var v []time.Duration
+			for i := 1; i <= 10000; i++ {
+				v = append(v, time.Duration(i)*time.Microsecond)
+			}
+			return v
+		}()},
+		{"huge", []time.Duration{time.Hour, 2 * time.Hour, math.MaxInt64}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h histogram
+			for _, v := range tc.vals {
+				h.record(v)
+			}
+			sorted := slices.Clone(tc.vals)
+			slices.Sort(sorted)
+			for _, q := range []float64{0.5, 0.99, 1} {
+				want := float64(sorted[int(math.Ceil(q*float64(len(sorted))))-1])
+				got := h.quantile(q)
+				require.InDelta(t, want, got, want/64+1, "q=%v", q)
+			}
+		})
+	}
+}
+
+func TestHistogramBucketsAreContiguous(t *testing.T) {
+	prev := -1
+	for v := uint64(0); v < 1<<20; v++ {
+		b := bucketOf(v)
+		require.True(t, b == prev || b == prev+1, "v=%d: bucket %d after %d", v, b, prev)
+		prev = b
+	}
+	require.Less(t, bucketOf(math.MaxInt64), nBuckets)
+	require.Less(t, bucketOf(math.MaxUint64), nBuckets)
+}
+
+// Every contender allows the first requests of a fresh id and denies once
+// the limit is reached: the comparison compares rate limiters that work.
+func TestContendersDecide(t *testing.T) {
+	for _, c := range Contenders() {
+		if c.Offline {
+			continue
+		}
+		t.Run(c.Name, func(t *testing.T) {
+			mr := miniredis.RunT(t)
+			env := newTestEnv(t, mr, ratelimit.PerMinute(3))
+			d, err := c.New(context.Background(), env)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, closeDecider(d)) })
+			var got []bool
+			for range 5 {
+				ok, err := d.Allow(context.Background(), "client-1")
+				require.NoError(t, err)
+				got = append(got, ok)
+			}
+			require.Equal(t, []bool{true, true, true, false, false}, got)
+		})
+	}
+}
+
+// bare/ours writes exactly the keys the library writes, and so does the
+// same work on the server.
+func TestBareOursWritesTheLibrarysKeys(t *testing.T) {
+	keysOf := func(name string) []string {
+		mr := miniredis.RunT(t)
+		c, err := Lookup(name)
+		require.NoError(t, err)
+		env := newTestEnv(t, mr, ratelimit.PerMinute(10))
+		d, err := c.New(context.Background(), env)
+		require.NoError(t, err)
+		ok, err := d.Allow(context.Background(), "client-7")
+		require.NoError(t, err)
+		require.True(t, ok)
+		return mr.Keys()
+	}
+	require.Equal(t, keysOf("ours"), keysOf("bare/ours"))
+}
+
+func TestRunNoopAllocatesNothing(t *testing.T) {
+	c, err := Lookup("noop")
+	require.NoError(t, err)
+	s, err := LookupScenario("allowed")
+	require.NoError(t, err)
+	res, err := Run(context.Background(), RunConfig{
+		Contender: c, Scenario: s, Concurrency: 2,
+		Duration: 200 * time.Millisecond, Warmup: 10 * time.Millisecond,
+		Options: redis.Options{Addr: "127.0.0.1:1"},
+	})
+	require.NoError(t, err)
+	require.True(t, res.OK, res.Problem)
+	require.Positive(t, res.Decisions)
+	require.Less(t, res.AllocsPerDecision, 0.001)
+}
+
+func TestRunCountsAndChecks(t *testing.T) {
+	mr := miniredis.RunT(t)
+	for _, tc := range []struct {
+		scenario string
+		wantOK   bool
+	}{
+		{"allowed", true},
+		{"denied", true},
+	} {
+		t.Run(tc.scenario, func(t *testing.T) {
+			c, err := Lookup("ours")
+			require.NoError(t, err)
+			s, err := LookupScenario(tc.scenario)
+			require.NoError(t, err)
+			res, err := Run(context.Background(), RunConfig{
+				Contender: c, Scenario: s, Concurrency: 4,
+				Duration: 200 * time.Millisecond, Warmup: 20 * time.Millisecond,
+				Options: redis.Options{Addr: mr.Addr()}, IDPrefix: tc.scenario + "-",
+			})
+			require.NoError(t, err)
+			require.Equal(t, tc.wantOK, res.OK, res.Problem)
+			require.Equal(t, res.Decisions, res.Allowed+res.Denied)
+			require.Positive(t, res.P99)
+			require.GreaterOrEqual(t, res.P99, res.P50)
+		})
+	}
+}
+
+func TestCheckFailsALimiterThatDoesNotLimit(t *testing.T) {
+	s, err := LookupScenario("denied")
+	require.NoError(t, err)
+	require.Contains(t, check(RunResult{Decisions: 100, Allowed: 100}, s, false), "denied")
+	require.Contains(t, check(RunResult{Decisions: 100, Denied: 100, Errors: 1, FirstError: "boom"}, s, false), "boom")
+	require.Equal(t, "", check(RunResult{Decisions: 100, Allowed: 5, Denied: 95}, s, false))
+}
+
+func TestMeasureMemory(t *testing.T) {
+	addr := startRedis(t)
+	c, err := Lookup("bare/ours")
+	require.NoError(t, err)
+	res, err := MeasureMemory(context.Background(), MemoryConfig{
+		Contender: c, Options: redis.Options{Addr: addr},
+		Clients: 1000, Windows: 2, Concurrency: 4, Flush: true,
+	})
+	require.NoError(t, err)
+	require.True(t, res.OK, res.Problem)
+	require.Equal(t, int64(2000), res.Keys)
+	require.Equal(t, 2.0, res.KeysPerClient)
+	// A key, its value and its TTL take tens of bytes at the very least.
+	require.Greater(t, res.BytesPerClient, 2*50.0)
+}
+
+func TestTable(t *testing.T) {
+	lines := `{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":1000,"p50_us":10,"p99_us":20,"ok":true}
+{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":3000,"p50_us":12,"p99_us":30,"ok":true}
+{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":3,"decisions":100,"allowed":100,"decisions_per_s":2000,"p50_us":11,"p99_us":25,"ok":true}
+{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"ok":true}
+
+{"kind":"run","contender":"throttled","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"errors":3,"decisions_per_s":500,"ok":false,"problem":"3 calls failed"}
+{"kind":"memory","contender":"ours","windows":1,"clients":100000,"bytes_per_client":132.8,"keys_per_client":1,"clocked":true,"ok":true}
+{"kind":"memory","contender":"ours","windows":2,"clients":100000,"bytes_per_client":265.8,"keys_per_client":2,"clocked":true,"ok":true}
+{"kind":"memory","contender":"ulule","windows":2,"clients":100000,"bytes_per_client":119.1,"keys_per_client":1,"ok":true}
+`
+	res, err := ReadResults(strings.NewReader(lines))
+	require.NoError(t, err)
+	require.Len(t, res.Runs, 5)
+	require.Len(t, res.Memory, 3)
+	require.True(t, res.Failed())
+	var b strings.Builder
+	require.NoError(t, Table(&b, res))
+	out := b.String()
+	for _, want := range []string{
+		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) |",
+		"| ulule | 8 | 4,000 | 2.00× |",
+		"| throttled | 8 | 500 | 0.25× |",
+		"1 (1 FAILED)",
+		"| ours | 132.8 | 1.00 | 265.8 | 2.00 |",
+		"| ulule | – | – | 119.1 | 1.00† |",
+		"throttled, allowed, 8 goroutines, round 1: 3 calls failed",
+	} {
+		require.Contains(t, out, want)
+	}
+}
+
+func TestGroupThousands(t *testing.T) {
+	for in, want := range map[string]string{
+		"0": "0", "999": "999", "1000": "1,000", "1234567.89": "1,234,567.89", "-12345": "-12,345",
+	} {
+		require.Equal(t, want, groupThousands(in), in)
+	}
+}
+
+// newTestEnv returns an Env on mr, whose client is closed with the test.
+func newTestEnv(t *testing.T, mr *miniredis.Miniredis, limit ratelimit.Limit) Env {
+	t.Helper()
+	opts := redis.Options{Addr: mr.Addr()}
+	client := redis.NewClient(&opts)
+	t.Cleanup(func() { client.Close() })
+	return Env{Client: client, Options: opts, Limit: limit, Now: time.Now}
+}
+
+// startRedis starts a redis-server of the test's own on a free loopback
+// port, stopped with the test, and returns its address; it skips the test
+// if there is no redis-server.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server on PATH")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--loglevel", "warning")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	require.Eventually(t, func() bool { return client.Ping(context.Background()).Err() == nil },
+		5*time.Second, 20*time.Millisecond, "redis-server did not answer on %s", addr)
+	return addr
+}
