@@ -558,7 +558,9 @@ func TestSpoofersShareACount(t *testing.T) {
 		}, nil},
 		{"X-Forwarded-For behind a trusted proxy",
 			[]httplimit.Option{httplimit.WithTrustedProxies("X-Forwarded-For", proxies)}, "10.0.0.1:1",
-			func(i int) []string { return []string{"X-Forwarded-For", "198.51.100." + strconv.Itoa(i) + ", 10.0.0.9"} },
+			func(i int) []string {
+				return []string{"X-Forwarded-For", "198.51.100." + strconv.Itoa(i) + ", 10.0.0.9"}
+			},
 			[]string{"X-Forwarded-For", "203.0.113.7"}},
 		{"Forwarded behind a trusted proxy",
 			[]httplimit.Option{httplimit.WithTrustedProxies("Forwarded", proxies)}, "10.0.0.1:1",
