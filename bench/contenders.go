@@ -140,15 +140,18 @@ func Contenders() []Contender {
 	}
 }
 
-// newOurs returns a Decider running this library on client. A decision the
-// failure policy made (Redis failed) counts as an error, with the error the
-// Limiter handed to its error handler.
-func newOurs(client redis.UniversalClient, env Env) Decider {
+// newOurs returns a Decider running this library on client, with opts
+// after the bench's own (a clock, an error handler): a variant of ours is
+// an entry that passes its options here. A decision the failure policy made
+// (Redis failed) counts as an error, with the error the Limiter handed to
+// its error handler.
+func newOurs(client redis.UniversalClient, env Env, opts ...ratelimit.Option) Decider {
 	var last atomic.Pointer[error]
-	l := ratelimit.New(client,
+	opts = append([]ratelimit.Option{
 		ratelimit.WithClock(env.Now),
 		ratelimit.WithErrorHandler(func(_ context.Context, _ string, err error) { last.Store(&err) }),
-	)
+	}, opts...)
+	l := ratelimit.New(client, opts...)
 	limit := env.Limit
 	return DeciderFunc(func(ctx context.Context, id string) (bool, error) {
 		res, err := l.Allow(ctx, id, limit)
