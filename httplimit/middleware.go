@@ -60,9 +60,6 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 			opt(&cfg)
 		}
 	}
-	if !cfg.hasHeader {
-		cfg.headers = AllHeaders
-	}
 	if cfg.denied == nil {
 		cfg.denied = http.HandlerFunc(tooManyRequests)
 	}

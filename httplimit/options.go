@@ -51,18 +51,17 @@ type Policy struct {
 type KeyFunc func(r *http.Request) string
 
 type config struct {
-	keys      []KeyFunc
-	route     func(*http.Request) string
-	ip        ipRule
-	policy    func(*http.Request) Policy
-	name      string
-	cost      func(*http.Request) int64
-	skip      func(*http.Request) bool
-	allow     []netip.Prefix
-	headers   HeaderSet
-	denied    http.Handler
-	onError   func(http.ResponseWriter, *http.Request, error)
-	hasHeader bool // WithHeaders was given
+	keys    []KeyFunc
+	route   func(*http.Request) string
+	ip      ipRule
+	policy  func(*http.Request) Policy
+	name    string
+	cost    func(*http.Request) int64
+	skip    func(*http.Request) bool
+	allow   []netip.Prefix
+	headers HeaderSet
+	denied  http.Handler
+	onError func(http.ResponseWriter, *http.Request, error)
 }
 
 // WithKeys sets how requests are told apart: each KeyFunc is tried in turn
@@ -204,7 +203,7 @@ func WithAllowList(prefixes ...netip.Prefix) Option {
 // WithHeaders selects the rate-limit headers every response carries
 // (default AllHeaders). WithHeaders(0) sends none but Retry-After.
 func WithHeaders(set HeaderSet) Option {
-	return func(c *config) { c.headers, c.hasHeader = set, true }
+	return func(c *config) { c.headers = set }
 }
 
 // WithDeniedHandler sets the handler that answers a request the limit
