@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -50,32 +51,35 @@ func (l Limit) validate() error {
 //
 // The id is escaped so that the hash tag is exactly the id and never empty:
 // both keys then hash to one Redis Cluster slot, and different ids never share
-// a key. The two keys share one allocation.
+// a key. The two keys are slices of one string: one allocation.
 func (l *Limiter) keyPair(id string, w, i int64) (cur, prev string) {
-	// Room for both keys: the shared head twice, and two window indexes.
-	head := len(l.keyPrefix) + escapedLen(id) + len("}:") + 20 + len(":")
-	b := make([]byte, 0, 2*(head+20))
-	b = append(b, l.keyPrefix...)
-	b = appendEscaped(b, id)
-	b = append(b, "}:"...)
-	b = strconv.AppendInt(b, w, 10)
-	b = append(b, ':')
-	head = len(b)
-	b = strconv.AppendInt(b, i, 10)
-	split := len(b)
-	b = append(b, b[:head]...)
-	b = strconv.AppendInt(b, i-1, 10)
-	s := string(b)
+	var num [20]byte
+	var b strings.Builder
+	head := len(l.keyPrefix) + escapedLen(id) + len("}:") + len(strconv.AppendInt(num[:0], w, 10)) + len(":")
+	b.Grow(2*head + 2*len(num))
+	b.WriteString(l.keyPrefix)
+	writeEscaped(&b, id)
+	b.WriteString("}:")
+	b.Write(strconv.AppendInt(num[:0], w, 10))
+	b.WriteByte(':')
+	b.Write(strconv.AppendInt(num[:0], i, 10))
+	split := b.Len()
+	b.WriteString(b.String()[:head]) // within the capacity grown above: no copy
+	b.Write(strconv.AppendInt(num[:0], i-1, 10))
+	s := b.String()
 	return s[:split], s[split:]
 }
 
 // keyPrefixFor returns the fixed start of every key: the prefix, with braces
-// escaped so that it cannot open or close the hash tag, then ":{".
+// and '%' escaped so that it cannot open or close the hash tag, then ":{".
 func keyPrefixFor(prefix string) string {
-	return string(appendEscaped(nil, prefix)) + ":{"
+	var b strings.Builder
+	writeEscaped(&b, prefix)
+	b.WriteString(":{")
+	return b.String()
 }
 
-// escapedLen returns len(appendEscaped(nil, s)).
+// escapedLen returns the length of s once escaped.
 func escapedLen(s string) int {
 	n := len(s)
 	for i := 0; i < len(s); i++ {
@@ -86,19 +90,20 @@ func escapedLen(s string) int {
 	return n
 }
 
-// appendEscaped appends s with '%', '{' and '}' percent-encoded and every
-// other byte as it is. Escaping '%' itself keeps the mapping injective.
-func appendEscaped(b []byte, s string) []byte {
+// writeEscaped writes s with '%', '{' and '}' percent-encoded and every other
+// byte as it is. Escaping '%' itself keeps the mapping injective.
+func writeEscaped(b *strings.Builder, s string) {
 	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if needsEscape(c) {
-			b = append(b, '%', hex[c>>4], hex[c&15])
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
 			continue
 		}
-		b = append(b, c)
+		b.WriteByte(c)
 	}
-	return b
 }
 
 func needsEscape(c byte) bool { return c == '%' || c == '{' || c == '}' }

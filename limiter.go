@@ -197,8 +197,14 @@ func (l *Limiter) check(id string, limit Limit, n int64) error {
 // run sends the script for one decision, within the Limiter's deadline.
 func (l *Limiter) run(ctx context.Context, id string, limit Limit, pos position, cost int64) (bool, counts, error) {
 	cur, prev := l.keyPair(id, pos.w, pos.i)
-	d, err := bounded(ctx, l, func(ctx context.Context) (decision, error) {
-		allowed, c, err := runScript(ctx, l.client, cur, prev, limit, pos.left(), cost)
+	req := request{cur: cur, prev: prev, cost: cost, rate: limit.Rate, window: pos.w, left: pos.left()}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
+	if l.ctxAware || ctx.Done() == nil {
+		return runOne(ctx, l.client, req)
+	}
+	d, err := watch(ctx, func(ctx context.Context) (decision, error) {
+		allowed, c, err := runOne(ctx, l.client, req)
 		return decision{allowed, c}, err
 	})
 	return d.allowed, d.counts, err
@@ -210,23 +216,36 @@ type decision struct {
 	counts
 }
 
-// bounded runs fn with ctx limited by l's timeout, and returns no later than
-// ctx is done even if the client does not watch ctx. In that case fn goes on
-// in its own goroutine until the client's timeouts end it, and its result is
-// dropped.
+// deadline returns ctx bounded by the Limiter's timeout, or ctx itself when
+// its own deadline comes first or there is no timeout.
+func (l *Limiter) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if l.timeout <= 0 {
+		return ctx, noCancel
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= l.timeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, l.timeout)
+}
+
+func noCancel() {}
+
+// bounded runs fn within the Limiter's deadline, on a client that may not
+// watch ctx.
 func bounded[T any](ctx context.Context, l *Limiter, fn func(context.Context) (T, error)) (T, error) {
-	var zero T
-	if err := ctx.Err(); err != nil {
-		return zero, err
-	}
-	if l.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-	}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
 	if l.ctxAware || ctx.Done() == nil {
 		return fn(ctx)
 	}
+	return watch(ctx, fn)
+}
+
+// watch runs fn in a goroutine and returns when it does or when ctx is done,
+// whichever comes first: the client may not stop at ctx's deadline by
+// itself. In the second case fn goes on until the client's own timeouts end
+// it, and its result is dropped.
+func watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
 	type reply struct {
 		v   T
 		err error
@@ -240,6 +259,7 @@ func bounded[T any](ctx context.Context, l *Limiter, fn func(context.Context) (T
 	case r := <-done:
 		return r.v, r.err
 	case <-ctx.Done():
+		var zero T
 		return zero, ctx.Err()
 	}
 }

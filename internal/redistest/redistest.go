@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -204,4 +205,74 @@ func waitFor(probe func(context.Context) error) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Fake returns the address of a server that speaks just enough of the Redis
+// protocol to test a client against replies no real Redis would send: it
+// answers every command whose name is in replies with the raw RESP text
+// given for it, and every other command with an error.
+func Fake(t testing.TB, replies map[string]string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serveFake(conn, replies)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func serveFake(conn net.Conn, replies map[string]string) {
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	for {
+		args, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		reply, ok := replies[strings.ToLower(args[0])]
+		if !ok {
+			reply = "-ERR unknown command '" + args[0] + "'\r\n"
+		}
+		if _, err := conn.Write([]byte(reply)); err != nil {
+			return
+		}
+	}
+}
+
+// readCommand reads one command: an array of bulk strings.
+func readCommand(r *bufio.Reader) ([]string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "*")))
+	if err != nil || n < 1 || n > 1<<20 {
+		return nil, fmt.Errorf("bad command header %q", line)
+	}
+	args := make([]string, n)
+	for i := range args {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+		if err != nil || size < 0 || size > 1<<28 {
+			return nil, fmt.Errorf("bad bulk header %q", line)
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		args[i] = string(buf[:size])
+	}
+	return args, nil
 }
