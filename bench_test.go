@@ -71,3 +71,40 @@ func benchAllow(b *testing.B, client *redis.Client) {
 		sink.Add(allowed)
 	})
 }
+
+// BenchmarkDenied is one abusive client hammering far past its limit, from
+// parallel goroutines: every decision but the first few is a denial.
+func BenchmarkDenied(b *testing.B) {
+	s := redistest.Start(b)
+	for _, tc := range []struct {
+		name string
+		opts []ratelimit.Option
+	}{
+		{"redis-server", nil},
+		{"redis-server+denycache", []ratelimit.Option{ratelimit.WithDenyCache(10_000)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			client := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+			b.Cleanup(func() { _ = client.Close() })
+			l := ratelimit.New(client, append(tc.opts, ratelimit.WithTimeout(10*time.Second))...)
+			limit := ratelimit.PerHour(10)
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var denied int64
+				for pb.Next() {
+					res, err := l.Allow(context.Background(), "abuser", limit)
+					if err != nil || res.Degraded {
+						b.Errorf("Allow: %v, degraded %v", err, res.Degraded)
+						return
+					}
+					if !res.Allowed {
+						denied++
+					}
+				}
+				sink.Add(denied)
+			})
+		})
+	}
+}

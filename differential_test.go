@@ -129,17 +129,36 @@ var (
 	}
 )
 
-func runDifferential(t *testing.T, e env, limits []ratelimit.Limit) {
-	const steps = 4000
-	rng := rand.New(rand.NewPCG(1, 2))
-	ctx := context.Background()
-	l := e.limiter()
-	m := newModel()
+// op is one step of a random trace.
+type op struct {
+	at    int64 // Unix ms
+	id    string
+	limit ratelimit.Limit
+	kind  opKind
+	cost  int64
+}
+
+type opKind int
+
+const (
+	opAllow opKind = iota
+	opPeek
+	opReset
+)
+
+func (o op) String() string {
+	return fmt.Sprintf("at %d: id %q limit %v kind %d cost %d", o.at, o.id, o.limit, o.kind, o.cost)
+}
+
+// randomTrace returns steps operations at non-decreasing times, mostly
+// requests from one hot id bunched within a window, now and then a Peek, a
+// Reset, a cost above the rate, or a long pause.
+func randomTrace(seed uint64, steps int, limits []ratelimit.Limit) []op {
+	rng := rand.New(rand.NewPCG(seed, 2))
 	ids := []string{"a", "a", "a", "a", "b", "{c}", "d}"} // "a" is hot
 	now := epoch.UnixMilli() - 17
-	var allowed, denied, never int
-	for step := range steps {
-		// Mostly small steps within a window; now and then a long gap.
+	ops := make([]op, steps)
+	for step := range ops {
 		switch r := rng.IntN(100); {
 		case r < 75:
 		case r < 97:
@@ -147,30 +166,43 @@ func runDifferential(t *testing.T, e env, limits []ratelimit.Limit) {
 		default:
 			now += rng.Int64N(2500)
 		}
-		e.clock.Set(time.UnixMilli(now))
-		id := ids[rng.IntN(len(ids))]
-		limit := limits[rng.IntN(len(limits))]
-		op := rng.IntN(20)
-		where := fmt.Sprintf("step %d at %d: id %q limit %v op %d", step, now, id, limit, op)
-		switch {
-		case op == 0:
-			require.NoError(t, l.Reset(ctx, id, limit), where)
-			m.reset(id, limit, now)
-		case op < 4:
-			got, err := l.Peek(ctx, id, limit)
+		o := op{at: now, id: ids[rng.IntN(len(ids))], limit: limits[rng.IntN(len(limits))], cost: 1}
+		switch k := rng.IntN(20); {
+		case k == 0:
+			o.kind = opReset
+		case k < 4:
+			o.kind = opPeek
+		case k == 19:
+			o.cost = o.limit.Rate + 1 + rng.Int64N(2) // can never pass
+		case k >= 12:
+			o.cost = 1 + rng.Int64N(o.limit.Rate)
+		}
+		ops[step] = o
+	}
+	return ops
+}
+
+func runDifferential(t *testing.T, e env, limits []ratelimit.Limit) {
+	const steps = 4000
+	ctx := context.Background()
+	l := e.limiter()
+	m := newModel()
+	var allowed, denied, never int
+	for step, o := range randomTrace(1, steps, limits) {
+		e.clock.Set(time.UnixMilli(o.at))
+		where := fmt.Sprintf("step %d %v", step, o)
+		switch o.kind {
+		case opReset:
+			require.NoError(t, l.Reset(ctx, o.id, o.limit), where)
+			m.reset(o.id, o.limit, o.at)
+		case opPeek:
+			got, err := l.Peek(ctx, o.id, o.limit)
 			require.NoError(t, err, where)
-			require.Equal(t, m.peek(id, limit, now), got, where)
-		default:
-			n := int64(1)
-			switch {
-			case op == 19:
-				n = limit.Rate + 1 + rng.Int64N(2) // can never pass
-			case op >= 12:
-				n = 1 + rng.Int64N(limit.Rate)
-			}
-			got, err := l.AllowN(ctx, id, limit, n)
+			require.Equal(t, m.peek(o.id, o.limit, o.at), got, where)
+		case opAllow:
+			got, err := l.AllowN(ctx, o.id, o.limit, o.cost)
 			require.NoError(t, err, where)
-			require.Equal(t, m.allowN(id, limit, now, n), got, where+fmt.Sprintf(" cost %d", n))
+			require.Equal(t, m.allowN(o.id, o.limit, o.at, o.cost), got, where)
 			switch {
 			case got.Allowed:
 				allowed++

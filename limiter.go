@@ -96,6 +96,7 @@ type Limiter struct {
 	// ctxAware is true when the client itself stops at the ctx deadline
 	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
 	ctxAware bool
+	denied   *denyCache // nil unless WithDenyCache
 }
 
 // New returns a Limiter that keeps its counts in client. Any
@@ -120,6 +121,9 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	if cfg.noBudget {
 		l.timeout = 0
 	}
+	if cfg.denyMax > 0 {
+		l.denied = newDenyCache(cfg.denyMax)
+	}
 	if l.onError == nil {
 		l.onError = newLogHandler(cfg.now).handle
 	}
@@ -143,9 +147,17 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 		return Result{Limit: limit}, err
 	}
 	pos := locate(l.now().UnixMilli(), limit.Window.Milliseconds())
+	if l.denied != nil {
+		if r, ok := l.denied.deny(id, limit, pos, n); ok {
+			return r, nil
+		}
+	}
 	allowed, c, err := l.run(ctx, id, limit, pos, n)
 	if err != nil {
 		return l.fail(ctx, id, limit, err)
+	}
+	if l.denied != nil {
+		l.denied.record(id, pos, c, allowed, n)
 	}
 	return result(limit, pos, c, allowed, n), nil
 }
@@ -181,6 +193,9 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	_, err := bounded(ctx, l, func(ctx context.Context) (int64, error) {
 		return l.client.Del(ctx, cur, prev).Result()
 	})
+	if l.denied != nil {
+		l.denied.forget(id, pos.w)
+	}
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset: %w", err)
 	}

@@ -52,6 +52,7 @@ type config struct {
 	onError  func(ctx context.Context, id string, err error)
 	timeout  time.Duration
 	noBudget bool // set by WithTimeout(0) or less: no limiter deadline at all
+	denyMax  int  // entries of the deny cache; 0: no cache
 }
 
 func defaultConfig() config {
@@ -110,4 +111,22 @@ func WithTimeout(d time.Duration) Option {
 		c.timeout = d
 		c.noBudget = d <= 0
 	}
+}
+
+// WithDenyCache keeps, in this process, the counts Redis last reported for
+// up to maxEntries clients that it denied, and denies their further requests
+// locally while those counts already deny them, without a round trip: a
+// client hammering past its limit then costs microseconds, not a Redis call.
+// It is off by default; maxEntries of 0 or less turns it off.
+//
+// It never denies a request that Redis would allow, as long as counts only
+// grow: within a window they do, and the cached counts are lower bounds of
+// Redis's. What lowers a count is invisible to the cache unless it comes
+// through this Limiter: Reset on this Limiter clears its entry, but a Reset
+// through another Limiter (another server), or a key deleted by hand, leaves
+// this one denying the client until the cached counts would have let it
+// through, at most two windows. Ids longer than 256 bytes are not cached, so
+// an entry costs a few hundred bytes at most.
+func WithDenyCache(maxEntries int) Option {
+	return func(c *config) { c.denyMax = max(0, maxEntries) }
 }
