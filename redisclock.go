@@ -1,0 +1,230 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultSyncInterval is how often a RedisClock asks Redis for its time
+// unless WithSyncInterval says otherwise. Between samples it extrapolates
+// with the local monotonic clock, which drifts by well under a millisecond
+// in 10 seconds, so more frequent samples would buy nothing but round trips.
+const DefaultSyncInterval = 10 * time.Second
+
+const (
+	// syncRetry is how soon the background loop tries again after a failed
+	// sync (or the sync interval, if that is shorter): an error often means
+	// a failover, and the new server's clock should be adopted soon.
+	syncRetry = time.Second
+	// syncTimeout bounds one sync, so that a hung Redis neither holds up the
+	// loop nor yields a sample whose round trip, and so whose uncertainty,
+	// is large.
+	syncTimeout = time.Second
+)
+
+// RedisClock is a clock that follows the TIME of a Redis server, so that
+// application servers whose own clocks disagree still place requests in the
+// same windows. Pass its Now method to WithClock:
+//
+//	rc := ratelimit.NewRedisClock(client)
+//	defer rc.Close()
+//	limiter := ratelimit.New(client, ratelimit.WithClock(rc.Now))
+//
+// It samples Redis's TIME now and then (DefaultSyncInterval), takes the
+// reply as Redis's time at the middle of the round trip, and in between
+// extrapolates with the local clock: with the default local clock, time.Now,
+// that is Go's monotonic reading, so steps of the local wall clock between
+// samples do not move it. Each sample is off by at most half its round trip.
+//
+// Now never goes backwards. When a sample says Redis is behind what Now last
+// returned (say after a failover to a server whose clock is behind), Now
+// holds at its last value until the new estimate catches up: for that long
+// every request falls on one millisecond, so windows do not advance and the
+// limiter admits less, never more. A sample ahead of the last one makes Now
+// jump forward, as if that much time had passed.
+//
+// Before its first successful sync a RedisClock reads the local clock; call
+// Sync before serving to avoid that. After a failed sync it goes on
+// extrapolating from the last good sample, and the background loop retries
+// within a second. With a Redis Cluster each sync asks some node; the nodes'
+// own clocks should agree (NTP) to well within a window.
+//
+// A RedisClock is safe for simultaneous use by multiple goroutines. Close it
+// to stop its background goroutine; Now goes on working after Close,
+// extrapolating from the last sample.
+type RedisClock struct {
+	client   redis.UniversalClient
+	local    func() time.Time
+	interval time.Duration // <= 0: no background loop
+	ctxAware bool          // the client stops at the ctx deadline by itself
+
+	sample atomic.Pointer[clockSample] // nil until the first successful sync
+	last   atomic.Int64                // Unix ns of the latest time Now returned
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the background loop has returned
+}
+
+// clockSample is one answer to TIME: Redis's estimated time at one local
+// reading. Now adds to it the local time elapsed since.
+type clockSample struct {
+	local time.Time // the local clock when TIME returned, monotonic reading and all
+	redis time.Time // Redis's time then: the reply plus half the round trip
+}
+
+// RedisClockOption configures a RedisClock; pass options to NewRedisClock.
+type RedisClockOption func(*redisClockConfig)
+
+// redisClockConfig holds what the options set.
+type redisClockConfig struct {
+	interval time.Duration
+	local    func() time.Time
+}
+
+// WithSyncInterval sets how often the background goroutine asks Redis for
+// its time (default DefaultSyncInterval, 10s); after a failed sync it tries
+// again after a second, or after d if that is shorter. A d of zero or less
+// turns the background sync off: NewRedisClock then starts no goroutine, and
+// the clock moves to Redis's time only when Sync is called.
+func WithSyncInterval(d time.Duration) RedisClockOption {
+	return func(c *redisClockConfig) { c.interval = d }
+}
+
+// WithLocalClock sets the local clock a RedisClock measures round trips with
+// and extrapolates with between samples (default time.Now, whose monotonic
+// reading keeps steps of the wall clock out). Tests use it to give each
+// simulated server a clock of its own. A nil now keeps the default.
+func WithLocalClock(now func() time.Time) RedisClockOption {
+	return func(c *redisClockConfig) {
+		if now != nil {
+			c.local = now
+		}
+	}
+}
+
+// NewRedisClock returns a RedisClock that follows client's TIME, and starts
+// one goroutine that syncs at once and then every sync interval until Close.
+// With a nil client it starts none, Now reads the local clock, and Sync
+// returns ErrNilClient.
+func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *RedisClock {
+	cfg := redisClockConfig{interval: DefaultSyncInterval, local: time.Now}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	c := &RedisClock{
+		client:   client,
+		local:    cfg.local,
+		interval: cfg.interval,
+		done:     make(chan struct{}),
+	}
+	if client != nil {
+		c.ctxAware = honoursContext(client)
+	}
+	c.last.Store(math.MinInt64)
+	if client == nil || c.interval <= 0 {
+		c.cancel = noCancel
+		close(c.done)
+		return c
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go c.loop(ctx)
+	return c
+}
+
+// Now returns Redis's time as the clock estimates it: the last sample plus
+// the local time elapsed since, or the local clock before any sample. It
+// never returns a time before one it returned already. It takes no lock and
+// does not allocate, and fits WithClock.
+func (c *RedisClock) Now() time.Time {
+	t := c.local()
+	if s := c.sample.Load(); s != nil {
+		t = s.redis.Add(t.Sub(s.local))
+	}
+	n := t.UnixNano()
+	for {
+		last := c.last.Load()
+		if n <= last {
+			return time.Unix(0, last)
+		}
+		if c.last.CompareAndSwap(last, n) {
+			return time.Unix(0, n)
+		}
+	}
+}
+
+// Sync asks Redis for its time once, now, and makes the answer the clock's
+// new sample. It blocks for one round trip, at most a second or until ctx is
+// done. On an error the clock keeps its last sample. Call it at start-up, before
+// serving, so that Now follows Redis from the first request; the background
+// goroutine calls it too. Sync is safe to call at any time, after Close too.
+func (c *RedisClock) Sync(ctx context.Context) error {
+	if c.client == nil {
+		return ErrNilClient
+	}
+	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	before := c.local()
+	var rt time.Time
+	var err error
+	if c.ctxAware {
+		rt, err = c.client.Time(ctx).Result()
+	} else {
+		rt, err = watch(ctx, func(ctx context.Context) (time.Time, error) {
+			return c.client.Time(ctx).Result()
+		})
+	}
+	after := c.local()
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis clock: TIME: %w", err)
+	}
+	// Redis read its clock somewhere in [before, after]; the middle is off by
+	// at most half the round trip either way.
+	rtt := max(after.Sub(before), 0)
+	s := &clockSample{local: after, redis: rt.Add(rtt / 2)}
+	for {
+		cur := c.sample.Load()
+		if cur != nil && s.local.Before(cur.local) {
+			return nil // a sync that ended later has already stored a newer sample
+		}
+		if c.sample.CompareAndSwap(cur, s) {
+			return nil
+		}
+	}
+}
+
+// Close stops the background goroutine and waits for it to return, which it
+// does at once even if a sync is under way. It always returns nil, and may
+// be called more than once.
+func (c *RedisClock) Close() error {
+	c.cancel()
+	<-c.done
+	return nil
+}
+
+// loop syncs at once, then every interval, sooner after a failure, until ctx
+// is cancelled.
+func (c *RedisClock) loop(ctx context.Context) {
+	defer close(c.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		wait := c.interval
+		if err := c.Sync(ctx); err != nil {
+			wait = min(wait, syncRetry)
+		}
+		timer.Reset(wait)
+	}
+}

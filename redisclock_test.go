@@ -1,0 +1,339 @@
+package ratelimit_test
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/clock"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// redisT is what the tests' Redis says the time is; every local clock
+// disagrees with it. TIME has microsecond resolution, so the tests' times are
+// whole microseconds.
+var redisT = time.Date(2031, 5, 6, 7, 8, 9, 123456000, time.UTC)
+
+// manual returns a client of mr and a RedisClock on it that reads local and
+// syncs only when told to: no background goroutine races the test.
+func manual(t *testing.T, mr *miniredis.Miniredis, local *clock.Fake) (*redis.Client, *ratelimit.RedisClock) {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0), ratelimit.WithLocalClock(local.Now))
+	t.Cleanup(func() { require.NoError(t, rc.Close()) })
+	return client, rc
+}
+
+func TestRedisClockFollowsRedisTime(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	local := clock.NewFake(redisT.Add(-time.Hour + 17*time.Millisecond))
+	_, rc := manual(t, mr, local)
+
+	require.Equal(t, -time.Hour+17*time.Millisecond, rc.Now().Sub(redisT), "before the first sync: the local clock")
+
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, time.Duration(0), rc.Now().Sub(redisT))
+
+	// Between samples it extrapolates by the local time elapsed; Redis's
+	// TIME is frozen here, so only the sample can have put it on redisT.
+	local.Add(1500 * time.Millisecond)
+	require.Equal(t, 1500*time.Millisecond, rc.Now().Sub(redisT))
+	local.Add(time.Hour)
+	require.Equal(t, time.Hour+1500*time.Millisecond, rc.Now().Sub(redisT))
+
+	// A new sample replaces the old: Redis moved 2h, the local clock 1h.
+	mr.SetTime(redisT.Add(2 * time.Hour))
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, 2*time.Hour, rc.Now().Sub(redisT))
+}
+
+// timeHook calls before as a TIME command goes out and after with its
+// result, when they are not nil.
+type timeHook struct {
+	before func()
+	after  func(error)
+}
+
+func (h timeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "time" {
+			return next(ctx, cmd)
+		}
+		if h.before != nil {
+			h.before()
+		}
+		err := next(ctx, cmd)
+		if h.after != nil {
+			h.after(err)
+		}
+		return err
+	}
+}
+
+func (h timeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestRedisClockRoundTrip(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	local := clock.NewFake(redisT.Add(time.Minute))
+	client, rc := manual(t, mr, local)
+	client.AddHook(timeHook{
+		before: func() { local.Add(4 * time.Millisecond) },
+		after:  func(error) { local.Add(6 * time.Millisecond) },
+	})
+
+	require.NoError(t, rc.Sync(t.Context()))
+	// The round trip took 10ms of local time. Redis read its clock somewhere
+	// in it, so when the reply came Redis's time was in [redisT, redisT+10ms];
+	// the clock takes the middle, and is off by at most 5ms.
+	require.Equal(t, 5*time.Millisecond, rc.Now().Sub(redisT))
+	local.Add(time.Second)
+	require.Equal(t, time.Second+5*time.Millisecond, rc.Now().Sub(redisT))
+}
+
+func TestRedisClockNeverGoesBack(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	local := clock.NewFake(redisT.Add(-time.Minute))
+	_, rc := manual(t, mr, local)
+	require.NoError(t, rc.Sync(t.Context()))
+	local.Add(time.Second)
+	require.Equal(t, time.Second, rc.Now().Sub(redisT))
+
+	// A failover to a server whose clock is 30s behind: the new sample says
+	// redisT-29s, but the clock has said redisT+1s already. Going back would
+	// reopen windows whose counts the limiter has moved past, so it holds.
+	mr.SetTime(redisT.Add(-30 * time.Second))
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, time.Second, rc.Now().Sub(redisT), "holds rather than going back")
+	local.Add(10 * time.Second) // the estimate is redisT-20s
+	require.Equal(t, time.Second, rc.Now().Sub(redisT), "still holding")
+	local.Add(21 * time.Second) // the estimate is redisT+1s: caught up
+	require.Equal(t, time.Second, rc.Now().Sub(redisT))
+	local.Add(time.Millisecond)
+	require.Equal(t, time.Second+time.Millisecond, rc.Now().Sub(redisT), "moves again once caught up")
+
+	// A local clock stepped back holds too, before any sample as after.
+	local.Add(-time.Hour)
+	require.Equal(t, time.Second+time.Millisecond, rc.Now().Sub(redisT))
+
+	unsynced := ratelimit.NewRedisClock(nil, ratelimit.WithLocalClock(local.Now))
+	defer unsynced.Close()
+	before := unsynced.Now()
+	local.Add(-time.Second)
+	require.Equal(t, before, unsynced.Now())
+}
+
+func TestRedisClockNowConcurrent(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0))
+	defer rc.Close()
+	require.NoError(t, rc.Sync(t.Context()))
+
+	// Readers check that what each of them sees never goes back while
+	// samples an hour apart, back and forth, replace one another.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	backs := make([]int, 4)
+	for g := range backs {
+		wg.Go(func() {
+			prev := rc.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				now := rc.Now()
+				if now.Before(prev) {
+					backs[g]++
+				}
+				prev = now
+				runtime.Gosched() // leave the syncs room, under -race too
+			}
+		})
+	}
+	for i := range 50 {
+		mr.SetTime(redisT.Add(time.Duration(i%2) * time.Hour))
+		require.NoError(t, rc.Sync(t.Context()))
+	}
+	close(stop)
+	wg.Wait()
+	require.Equal(t, make([]int, 4), backs)
+}
+
+func TestRedisClockNowDoesNotAllocate(t *testing.T) {
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0))
+	defer rc.Close()
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, 0.0, testing.AllocsPerRun(1000, func() { _ = rc.Now() }))
+}
+
+func TestRedisClockErrors(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	local := clock.NewFake(redisT.Add(30 * time.Second))
+	_, rc := manual(t, mr, local)
+	require.NoError(t, rc.Sync(t.Context()))
+
+	mr.Close()
+	local.Add(5 * time.Second)
+	require.Error(t, rc.Sync(t.Context()))
+	require.Equal(t, 5*time.Second, rc.Now().Sub(redisT), "extrapolates from the last good sample")
+
+	// Redis comes back (a failover, say) with a clock 2 minutes ahead.
+	require.NoError(t, mr.Restart())
+	mr.SetTime(redisT.Add(2 * time.Minute))
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, 2*time.Minute, rc.Now().Sub(redisT), "adopts the new server's time")
+}
+
+func TestRedisClockNilClient(t *testing.T) {
+	local := clock.NewFake(redisT)
+	rc := ratelimit.NewRedisClock(nil, ratelimit.WithLocalClock(local.Now))
+	require.ErrorIs(t, rc.Sync(t.Context()), ratelimit.ErrNilClient)
+	require.Equal(t, redisT.UnixNano(), rc.Now().UnixNano())
+	require.NoError(t, rc.Close())
+}
+
+// A sync that hangs gives up after a second, whatever the caller's ctx and
+// the client's own timeouts.
+func TestRedisClockSyncHungRedis(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.Silent(t), MaxRetries: -1, ReadTimeout: time.Minute})
+	defer client.Close()
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0))
+	defer rc.Close()
+	require.ErrorIs(t, rc.Sync(t.Context()), context.DeadlineExceeded)
+}
+
+func TestRedisClockClose(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(redisT)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	require.NoError(t, client.Ping(t.Context()).Err())
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	local := clock.NewFake(redisT.Add(-time.Minute))
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithLocalClock(local.Now))
+	// The background goroutine syncs at once: wait for it, not for time.
+	require.Eventually(t, func() bool { return rc.Now().Equal(redisT) }, 10*time.Second, time.Millisecond)
+	require.NoError(t, rc.Close())
+	require.NoError(t, rc.Close(), "Close is idempotent")
+
+	// Now and Sync go on working after Close.
+	local.Add(time.Second)
+	require.Equal(t, time.Second, rc.Now().Sub(redisT))
+	mr.SetTime(redisT.Add(time.Hour))
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, time.Hour, rc.Now().Sub(redisT))
+}
+
+// Close does not wait for a sync that hangs: the goroutine returns at once.
+func TestRedisClockCloseWhileHung(t *testing.T) {
+	started := make(chan struct{})
+	var once sync.Once
+	client := redis.NewClient(&redis.Options{Addr: redistest.Silent(t), MaxRetries: -1, ReadTimeout: time.Minute})
+	defer client.Close()
+	client.AddHook(timeHook{before: func() { once.Do(func() { close(started) }) }})
+	rc := ratelimit.NewRedisClock(client)
+	<-started
+
+	closed := make(chan struct{})
+	go func() {
+		_ = rc.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second): // far below the minute the client would wait
+		t.Fatal("Close waited for the hung sync")
+	}
+}
+
+// The background goroutine retries a failed sync within a second rather
+// than after the interval, so that it adopts a new server soon after a
+// failover.
+func TestRedisClockRetriesSoon(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there yet: syncs fail
+
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	failed := make(chan struct{})
+	var once sync.Once
+	client.AddHook(timeHook{after: func(err error) {
+		if err != nil {
+			once.Do(func() { close(failed) })
+		}
+	}})
+	// The local clock is behind Redis: were it ahead, the Now calls made
+	// before the first sync would hold the clock there (see
+	// TestRedisClockNeverGoesBack), and the test could not see the sync.
+	local := clock.NewFake(redisT.Add(-time.Minute))
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(time.Hour), ratelimit.WithLocalClock(local.Now))
+	defer rc.Close()
+	<-failed // the first sync, at once, failed
+
+	mr := miniredis.NewMiniRedis()
+	mr.SetTime(redisT)
+	require.NoError(t, mr.StartAddr(addr))
+	defer mr.Close()
+	require.Eventually(t, func() bool { return rc.Now().Sub(redisT) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"a failed sync is retried long before the hour's interval")
+}
+
+// Against a real redis-server, on this machine's clock: a local clock a
+// minute off is corrected to within the round trip.
+func TestRedisClockRealServer(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	for _, skew := range []time.Duration{0, time.Minute, -time.Minute} {
+		rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0),
+			ratelimit.WithLocalClock(func() time.Time { return time.Now().Add(skew) }))
+		require.NoError(t, rc.Sync(t.Context()))
+		before := time.Now()
+		got := rc.Now()
+		after := time.Now()
+		// redis-server reads the same system clock as time.Now; allow for the
+		// sample's round trip and TIME's microseconds.
+		require.WithinRange(t, got, before.Add(-50*time.Millisecond), after.Add(50*time.Millisecond), "skew %v", skew)
+		require.NoError(t, rc.Close())
+	}
+}
+
+func TestRedisClockRealCluster(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer client.Close()
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0),
+		ratelimit.WithLocalClock(func() time.Time { return time.Now().Add(-time.Minute) }))
+	defer rc.Close()
+	for range 5 { // TIME goes to some node each time; all read this machine's clock
+		require.NoError(t, rc.Sync(t.Context()))
+		require.WithinDuration(t, time.Now(), rc.Now(), 50*time.Millisecond)
+	}
+}
