@@ -104,6 +104,10 @@ func TestDifferentialRedisServer(t *testing.T) { runDifferential(t, serverEnv(t)
 
 func TestDifferentialRedisCluster(t *testing.T) { runDifferential(t, clusterEnv(t)(t), realWindows) }
 
+func TestDifferentialBatchedRedisServer(t *testing.T) {
+	runDifferential(t, withOpts(serverEnv(t), ratelimit.WithBatching(64))(t), realWindows)
+}
+
 // The limits of a trace share ids, and two share a window length (and so
 // their counts). miniredis lets keys expire only when told to, so its trace
 // can use windows of a few ms. A real server expires keys in real time, two

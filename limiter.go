@@ -97,6 +97,7 @@ type Limiter struct {
 	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
 	ctxAware bool
 	denied   *denyCache // nil unless WithDenyCache
+	batch    *batcher   // nil unless WithBatching, on a *redis.Client
 }
 
 // New returns a Limiter that keeps its counts in client. Any
@@ -123,6 +124,9 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	}
 	if cfg.denyMax > 0 {
 		l.denied = newDenyCache(cfg.denyMax)
+	}
+	if _, single := client.(*redis.Client); single && cfg.batchMax > 1 {
+		l.batch = &batcher{l: l, maxBatch: cfg.batchMax}
 	}
 	if l.onError == nil {
 		l.onError = newLogHandler(cfg.now).handle
@@ -211,10 +215,16 @@ func (l *Limiter) check(id string, limit Limit, n int64) error {
 
 // run sends the script for one decision, within the Limiter's deadline.
 func (l *Limiter) run(ctx context.Context, id string, limit Limit, pos position, cost int64) (bool, counts, error) {
+	if err := ctx.Err(); err != nil { // send nothing for a caller who is gone
+		return false, counts{}, err
+	}
 	cur, prev := l.keyPair(id, pos.w, pos.i)
 	req := request{cur: cur, prev: prev, cost: cost, rate: limit.Rate, window: pos.w, left: pos.left()}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
+	if l.batch != nil {
+		return l.batch.decide(ctx, req)
+	}
 	if l.ctxAware || ctx.Done() == nil {
 		return runOne(ctx, l.client, req)
 	}

@@ -29,6 +29,7 @@ type env struct {
 	client redis.UniversalClient
 	clock  *clock.Fake
 	prefix string
+	opts   []ratelimit.Option // for every Limiter of the env
 }
 
 // limiter returns a Limiter on the env's client, clock and prefix. Its
@@ -39,7 +40,7 @@ func (e env) limiter(opts ...ratelimit.Option) *ratelimit.Limiter {
 	return ratelimit.New(e.client, append([]ratelimit.Option{
 		ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
 		ratelimit.WithTimeout(time.Minute),
-	}, opts...)...)
+	}, append(e.opts, opts...)...)...)
 }
 
 // key spells out the documented key format independently of the library.
@@ -132,6 +133,23 @@ func TestSemanticsMiniredis(t *testing.T) { runSemantics(t, miniredisEnv) }
 func TestSemanticsRedisServer(t *testing.T) { runSemantics(t, serverEnv(t)) }
 
 func TestSemanticsRedisCluster(t *testing.T) { runSemantics(t, clusterEnv(t)) }
+
+// withOpts returns mk with opts added to every Limiter of its envs.
+func withOpts(mk newEnv, opts ...ratelimit.Option) newEnv {
+	return func(t *testing.T) env {
+		e := mk(t)
+		e.opts = opts
+		return e
+	}
+}
+
+func TestSemanticsBatchedMiniredis(t *testing.T) {
+	runSemantics(t, withOpts(miniredisEnv, ratelimit.WithBatching(64)))
+}
+
+func TestSemanticsBatchedRedisServer(t *testing.T) {
+	runSemantics(t, withOpts(serverEnv(t), ratelimit.WithBatching(64)))
+}
 
 // runSemantics runs every test of the decision's meaning against one kind
 // of Redis.

@@ -53,6 +53,7 @@ type config struct {
 	timeout  time.Duration
 	noBudget bool // set by WithTimeout(0) or less: no limiter deadline at all
 	denyMax  int  // entries of the deny cache; 0: no cache
+	batchMax int  // requests per script call; 0: one each
 }
 
 func defaultConfig() config {
@@ -129,4 +130,20 @@ func WithTimeout(d time.Duration) Option {
 // an entry costs a few hundred bytes at most.
 func WithDenyCache(maxEntries int) Option {
 	return func(c *config) { c.denyMax = max(0, maxEntries) }
+}
+
+// WithBatching lets concurrent decisions share script calls: while one call
+// is in flight, the requests that arrive wait for it and then go together,
+// up to maxBatch in one call. Redis spends most of a call on invoking the
+// script, so under concurrent load this multiplies the decisions one Redis
+// can make; a request that finds nothing in flight is sent at once, so a
+// quiet service sees no added latency. Decisions are the same as if the
+// requests of a call had come one at a time in the order they arrived.
+//
+// It is off by default, and applies only when the client is a *redis.Client
+// (one server, or a failover client's master): the keys of one call must be
+// on one server, and a Redis Cluster spreads ids over slots. With any other
+// client the option has no effect. maxBatch of 1 or less turns it off.
+func WithBatching(maxBatch int) Option {
+	return func(c *config) { c.batchMax = maxBatch }
 }

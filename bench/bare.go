@@ -43,7 +43,7 @@ func (b *bareOurs) Allow(ctx context.Context, id string) (bool, error) {
 	now := b.now().UnixMilli()
 	i := now / b.ms
 	cur, prev := bareKeyPair("ratelimit:{", id, b.mid, i)
-	vals, err := b.s.EvalSha(ctx, b.sha, []string{cur, prev}, 1, b.rate, b.ms, b.ms-now%b.ms).Int64Slice()
+	vals, err := b.s.EvalSha(ctx, b.sha, []string{cur, prev}, 1, 1, b.rate, b.ms, b.ms-now%b.ms).Int64Slice()
 	if err != nil {
 		return false, err
 	}

@@ -43,10 +43,38 @@ func Contenders() []Contender {
 				"leaves its deadline to go-redis instead of watching it in a goroutine",
 			Clocked: true,
 			New: func(_ context.Context, env Env) (Decider, error) {
-				opts := env.Options
-				opts.ContextTimeoutEnabled = true
-				client := redis.NewClient(&opts)
+				client := ctxClient(env)
 				return closers{newOurs(client, env), []io.Closer{client}}, nil
+			},
+		},
+		{
+			Name:    "ours+batch",
+			About:   "ours/ctxclient with ratelimit.WithBatching(128): concurrent decisions share script calls",
+			Clocked: true,
+			New: func(_ context.Context, env Env) (Decider, error) {
+				client := ctxClient(env)
+				return closers{newOurs(client, env, ratelimit.WithBatching(128)), []io.Closer{client}}, nil
+			},
+		},
+		{
+			Name:    "ours+autopipe",
+			About:   "this library on go-redis's AutoPipeline: ratelimit.New(client.AutoPipeline())",
+			Clocked: true,
+			New: func(_ context.Context, env Env) (Decider, error) {
+				ap, err := env.Client.AutoPipeline()
+				if err != nil {
+					return nil, err
+				}
+				return closers{newOurs(ap, env), []io.Closer{ap}}, nil
+			},
+		},
+		{
+			Name:    "ours+denycache",
+			About:   "ours/ctxclient with ratelimit.WithDenyCache(10000): a client past its limit is denied locally",
+			Clocked: true,
+			New: func(_ context.Context, env Env) (Decider, error) {
+				client := ctxClient(env)
+				return closers{newOurs(client, env, ratelimit.WithDenyCache(10_000)), []io.Closer{client}}, nil
 			},
 		},
 		{
@@ -138,6 +166,13 @@ func Contenders() []Contender {
 			},
 		},
 	}
+}
+
+// ctxClient returns a client of the bench's Redis with ContextTimeoutEnabled.
+func ctxClient(env Env) *redis.Client {
+	opts := env.Options
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(&opts)
 }
 
 // newOurs returns a Decider running this library on client, with opts
