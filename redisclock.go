@@ -65,6 +65,7 @@ type RedisClock struct {
 
 	sample atomic.Pointer[clockSample] // nil until the first successful sync
 	last   atomic.Int64                // Unix ns of the latest time Now returned
+	syncs  atomic.Uint64               // how many syncs have begun
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the background loop has returned
@@ -75,6 +76,7 @@ type RedisClock struct {
 type clockSample struct {
 	local time.Time // the local clock when TIME returned, monotonic reading and all
 	redis time.Time // Redis's time then: the reply plus half the round trip
+	seq   uint64    // which sync took it: of two, the later begun wins
 }
 
 // RedisClockOption configures a RedisClock; pass options to NewRedisClock.
@@ -169,6 +171,7 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 	if c.client == nil {
 		return ErrNilClient
 	}
+	seq := c.syncs.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
 	before := c.local()
@@ -188,11 +191,15 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 	// Redis read its clock somewhere in [before, after]; the middle is off by
 	// at most half the round trip either way.
 	rtt := max(after.Sub(before), 0)
-	s := &clockSample{local: after, redis: rt.Add(rtt / 2)}
+	s := &clockSample{local: after, redis: rt.Add(rtt / 2), seq: seq}
+	// Of two syncs under way at once, keep the sample of the one begun
+	// later. Not the one whose local reading is later: a local clock without
+	// a monotonic reading may have been stepped back, and its new samples
+	// must not lose to the old.
 	for {
 		cur := c.sample.Load()
-		if cur != nil && s.local.Before(cur.local) {
-			return nil // a sync that ended later has already stored a newer sample
+		if cur != nil && cur.seq > seq {
+			return nil
 		}
 		if c.sample.CompareAndSwap(cur, s) {
 			return nil

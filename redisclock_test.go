@@ -128,9 +128,16 @@ func TestRedisClockNeverGoesBack(t *testing.T) {
 	local.Add(time.Millisecond)
 	require.Equal(t, time.Second+time.Millisecond, rc.Now().Sub(redisT), "moves again once caught up")
 
-	// A local clock stepped back holds too, before any sample as after.
+	// A local clock stepped back holds too, before any sample as after;
+	// the next sample, taken on the stepped clock, counts from the new
+	// reading.
 	local.Add(-time.Hour)
 	require.Equal(t, time.Second+time.Millisecond, rc.Now().Sub(redisT))
+	mr.SetTime(redisT.Add(time.Minute))
+	require.NoError(t, rc.Sync(t.Context()))
+	require.Equal(t, time.Minute, rc.Now().Sub(redisT))
+	local.Add(time.Second)
+	require.Equal(t, time.Minute+time.Second, rc.Now().Sub(redisT))
 
 	unsynced := ratelimit.NewRedisClock(nil, ratelimit.WithLocalClock(local.Now))
 	defer unsynced.Close()
