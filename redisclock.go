@@ -48,11 +48,18 @@ const (
 // limiter admits less, never more. A sample ahead of the last one makes Now
 // jump forward, as if that much time had passed.
 //
-// Before its first successful sync a RedisClock reads the local clock; call
-// Sync before serving to avoid that. After a failed sync it goes on
-// extrapolating from the last good sample, and the background loop retries
-// within a second. With a Redis Cluster each sync asks some node; the nodes'
-// own clocks should agree (NTP) to well within a window.
+// Before its first successful sync, which the background goroutine makes at
+// once, a RedisClock reads the local clock. Call Sync before serving to
+// avoid that: if the local clock is ahead of Redis and Now was called, Now
+// holds until Redis's time catches up with what it returned. After a failed
+// sync it goes on extrapolating from the last good sample, and the
+// background goroutine retries within a second. With a Redis Cluster each
+// sync asks some node; the nodes' own clocks should agree (NTP) to well
+// within a window.
+//
+// New does not use a RedisClock unless told to: it costs a goroutine and a
+// Close, and servers whose clocks NTP keeps within milliseconds of each
+// other need none for windows of a second or more.
 //
 // A RedisClock is safe for simultaneous use by multiple goroutines. Close it
 // to stop its background goroutine; Now goes on working after Close,
@@ -163,10 +170,11 @@ func (c *RedisClock) Now() time.Time {
 }
 
 // Sync asks Redis for its time once, now, and makes the answer the clock's
-// new sample. It blocks for one round trip, at most a second or until ctx is
-// done. On an error the clock keeps its last sample. Call it at start-up, before
-// serving, so that Now follows Redis from the first request; the background
-// goroutine calls it too. Sync is safe to call at any time, after Close too.
+// new sample. It blocks for one round trip: at most a second, less if ctx is
+// done sooner. On an error the clock keeps its last sample. Call it at
+// start-up, before serving, so that Now follows Redis from the first
+// request; the background goroutine calls it too. Sync is safe to call at
+// any time, after Close too.
 func (c *RedisClock) Sync(ctx context.Context) error {
 	if c.client == nil {
 		return ErrNilClient
@@ -208,8 +216,10 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 }
 
 // Close stops the background goroutine and waits for it to return, which it
-// does at once even if a sync is under way. It always returns nil, and may
-// be called more than once.
+// does at once even if a sync is under way (with a client whose
+// ContextTimeoutEnabled is false, the client itself goes on waiting for
+// that TIME reply until its ReadTimeout, on a goroutine of its own). It
+// always returns nil, and may be called more than once.
 func (c *RedisClock) Close() error {
 	c.cancel()
 	<-c.done

@@ -2,6 +2,7 @@ package ratelimit_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"runtime"
 	"sync"
@@ -343,4 +344,33 @@ func TestRedisClockRealCluster(t *testing.T) {
 		require.NoError(t, rc.Sync(t.Context()))
 		require.WithinDuration(t, time.Now(), rc.Now(), 50*time.Millisecond)
 	}
+}
+
+// Application servers whose clocks disagree share windows by following
+// Redis's clock rather than their own.
+func ExampleRedisClock() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	mr.SetTime(time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)) // what TIME says
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	ctx := context.Background()
+
+	rc := ratelimit.NewRedisClock(client)
+	defer rc.Close()
+	if err := rc.Sync(ctx); err != nil { // follow Redis from the first request
+		fmt.Println("sync:", err)
+	}
+	limiter := ratelimit.New(client, ratelimit.WithClock(rc.Now))
+
+	res, err := limiter.Allow(ctx, "user-42", ratelimit.PerMinute(100))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Allowed, res.Remaining)
+	fmt.Println(rc.Now().UTC().Truncate(time.Second))
+	// Output:
+	// true 99
+	// 2031-05-06 07:08:09 +0000 UTC
 }
