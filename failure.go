@@ -8,21 +8,22 @@ import (
 	"time"
 )
 
-// fail turns an error from Redis into a decision by the failure policy. A
-// ctx that the caller let end is not a Redis failure: its error comes back
-// as it is, with no decision and no call to the error handler.
-func (l *Limiter) fail(ctx context.Context, id string, limit Limit, err error) (Result, error) {
+// fail turns an error from Redis into a decision by the failure policy, for
+// a request of cost n (0 for a Peek). A ctx that the caller let end is not a
+// Redis failure: its error comes back as it is, with no decision and no call
+// to the error handler.
+func (l *Limiter) fail(ctx context.Context, id string, limit Limit, pos position, n int64, err error) (Result, error) {
 	if ctx.Err() != nil {
 		return Result{Limit: limit}, ctx.Err()
 	}
 	l.onError(ctx, id, err)
-	r := Result{Limit: limit, Degraded: true}
-	if l.policy == FailClosed {
-		return r, fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, err)
+	switch l.policy {
+	case FailClosed:
+		return Result{Limit: limit, Degraded: true}, fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, err)
+	case FailLocal:
+		return l.local.decide(id, limit, pos, n), nil
 	}
-	r.Allowed = true
-	r.Remaining = limit.Rate
-	return r, nil
+	return Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}, nil
 }
 
 // logEvery is how often, at most, the default error handler logs.

@@ -96,8 +96,10 @@ type Limiter struct {
 	// ctxAware is true when the client itself stops at the ctx deadline
 	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
 	ctxAware bool
-	denied   *denyCache // nil unless WithDenyCache
-	batch    *batcher   // nil unless WithBatching, on a *redis.Client
+	denied   *denyCache    // nil unless WithDenyCache
+	batch    *batcher      // nil unless WithBatching, on a *redis.Client
+	breaker  *breaker      // nil if WithCircuitBreaker turned it off
+	local    *localWindows // nil unless FailLocal
 }
 
 // New returns a Limiter that keeps its counts in client. Any
@@ -127,6 +129,12 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	}
 	if _, single := client.(*redis.Client); single && cfg.batchMax > 1 {
 		l.batch = &batcher{l: l, maxBatch: cfg.batchMax}
+	}
+	if cfg.breakerFailures > 0 {
+		l.breaker = newBreaker(cfg.breakerFailures, cfg.breakerCooldown, time.Now)
+	}
+	if cfg.policy == FailLocal {
+		l.local = newLocalWindows(cfg.replicas)
 	}
 	if l.onError == nil {
 		l.onError = newLogHandler(cfg.now).handle
@@ -158,7 +166,7 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 	}
 	allowed, c, err := l.run(ctx, id, limit, pos, n)
 	if err != nil {
-		return l.fail(ctx, id, limit, err)
+		return l.fail(ctx, id, limit, pos, n, err)
 	}
 	if l.denied != nil {
 		l.denied.record(id, pos, c, allowed, n)
@@ -176,7 +184,7 @@ func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, err
 	pos := locate(l.now().UnixMilli(), limit.Window.Milliseconds())
 	_, c, err := l.run(ctx, id, limit, pos, 0)
 	if err != nil {
-		return l.fail(ctx, id, limit, err)
+		return l.fail(ctx, id, limit, pos, 0, err)
 	}
 	est := pos.estimate(c)
 	r := result(limit, pos, c, est < limit.Rate, 1)
@@ -213,11 +221,31 @@ func (l *Limiter) check(id string, limit Limit, n int64) error {
 	return validate(id, limit, n)
 }
 
-// run sends the script for one decision, within the Limiter's deadline.
+// run sends the script for one decision, within the Limiter's deadline,
+// unless the circuit breaker is open.
 func (l *Limiter) run(ctx context.Context, id string, limit Limit, pos position, cost int64) (bool, counts, error) {
 	if err := ctx.Err(); err != nil { // send nothing for a caller who is gone
 		return false, counts{}, err
 	}
+	if l.breaker == nil {
+		return l.send(ctx, id, limit, pos, cost)
+	}
+	ok, probe := l.breaker.allow()
+	if !ok {
+		return false, counts{}, ErrCircuitOpen
+	}
+	allowed, c, err := l.send(ctx, id, limit, pos, cost)
+	if err != nil && ctx.Err() != nil {
+		// The caller left: that says nothing of Redis.
+		l.breaker.abandon(probe)
+	} else {
+		l.breaker.done(probe, err)
+	}
+	return allowed, c, err
+}
+
+// send sends the script for one decision, within the Limiter's deadline.
+func (l *Limiter) send(ctx context.Context, id string, limit Limit, pos position, cost int64) (bool, counts, error) {
 	cur, prev := l.keyPair(id, pos.w, pos.i)
 	req := request{cur: cur, prev: prev, cost: cost, rate: limit.Rate, window: pos.w, left: pos.left()}
 	ctx, cancel := l.deadline(ctx)

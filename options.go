@@ -28,6 +28,13 @@ const (
 	// FailClosed denies the request. The Result is Degraded and Allow returns
 	// an error that wraps the Redis error.
 	FailClosed
+	// FailLocal decides the request in this process: the same sliding window,
+	// counted locally, against the limit's share for one replica (Rate
+	// divided by WithReplicas, at least 1). An outage then neither blocks
+	// every client nor lets every client through. The Result is Degraded;
+	// its Count, Remaining and waits are those of the local share, and Allow
+	// returns a nil error.
+	FailLocal
 )
 
 // String returns the policy's name, as in "FailOpen".
@@ -37,6 +44,8 @@ func (p FailurePolicy) String() string {
 		return "FailOpen"
 	case FailClosed:
 		return "FailClosed"
+	case FailLocal:
+		return "FailLocal"
 	}
 	return "FailurePolicy(" + strconv.Itoa(int(p)) + ")"
 }
@@ -54,14 +63,22 @@ type config struct {
 	noBudget bool // set by WithTimeout(0) or less: no limiter deadline at all
 	denyMax  int  // entries of the deny cache; 0: no cache
 	batchMax int  // requests per script call; 0: one each
+	replicas int  // application servers sharing the limits, for FailLocal
+	// breakerFailures consecutive failures open the circuit breaker for
+	// breakerCooldown; 0 failures: no breaker.
+	breakerFailures int
+	breakerCooldown time.Duration
 }
 
 func defaultConfig() config {
 	return config{
-		prefix:  DefaultPrefix,
-		now:     time.Now,
-		policy:  FailOpen,
-		timeout: DefaultTimeout,
+		prefix:          DefaultPrefix,
+		now:             time.Now,
+		policy:          FailOpen,
+		timeout:         DefaultTimeout,
+		replicas:        1,
+		breakerFailures: DefaultBreakerFailures,
+		breakerCooldown: DefaultBreakerCooldown,
 	}
 }
 
@@ -86,7 +103,8 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithFailurePolicy sets what a decision is when Redis cannot make it
-// (default FailOpen).
+// (default FailOpen). A value that is not one of the constants acts as
+// FailOpen.
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) { c.policy = p }
 }
@@ -146,4 +164,28 @@ func WithDenyCache(maxEntries int) Option {
 // client the option has no effect. maxBatch of 1 or less turns it off.
 func WithBatching(maxBatch int) Option {
 	return func(c *config) { c.batchMax = maxBatch }
+}
+
+// WithReplicas tells the Limiter how many application servers share its
+// limits (default 1), so that FailLocal lets each of them allow its share,
+// Rate/n, while Redis is down. It changes nothing else.
+func WithReplicas(n int) Option {
+	return func(c *config) { c.replicas = max(1, n) }
+}
+
+// WithCircuitBreaker stops sending decisions to a Redis that keeps failing:
+// after failures consecutive Redis failures (timeouts, refused or reset
+// connections, errors such as LOADING, BUSY, READONLY or MASTERDOWN), it
+// opens, and for cooldown every decision goes to the failure policy at once,
+// in microseconds, with an error that wraps ErrCircuitOpen. Then one decision
+// tries Redis: if it succeeds, the breaker closes; if not, it stays open for
+// another cooldown. It is on by default, with DefaultBreakerFailures (5) and
+// DefaultBreakerCooldown (1s); failures of 0 or less turns it off. Cooldowns
+// are measured in real time, not on the clock of WithClock, which places
+// requests in windows and may be a test's clock that stands still.
+func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
+	return func(c *config) {
+		c.breakerFailures = max(0, failures)
+		c.breakerCooldown = cooldown
+	}
 }

@@ -1,0 +1,90 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/clock"
+)
+
+// With Redis down all along, FailLocal makes the decisions of the sliding
+// window in this process, with each limit's share for one of 3 replicas: the
+// reference model, run with Rate/3, agrees on every field but Limit (the
+// caller's) and Degraded (true).
+func TestFailLocalMatchesModel(t *testing.T) {
+	const replicas = 3
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	mr.Close()
+	clk := clock.NewFake(epoch)
+	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
+		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	m := newModel()
+	share := func(limit ratelimit.Limit) ratelimit.Limit {
+		return ratelimit.Limit{Rate: max(1, limit.Rate/replicas), Window: limit.Window}
+	}
+	ctx := context.Background()
+	var allowed, denied int
+	for step, o := range randomTrace(5, 3000, tinyWindows) {
+		clk.Set(time.UnixMilli(o.at))
+		where := fmt.Sprintf("step %d %v", step, o)
+		var want, got ratelimit.Result
+		var err error
+		switch o.kind {
+		case opReset: // fails with Redis down; the local windows keep their counts
+			require.Error(t, l.Reset(ctx, o.id, o.limit), where)
+			continue
+		case opPeek:
+			want = m.peek(o.id, share(o.limit), o.at)
+			got, err = l.Peek(ctx, o.id, o.limit)
+		case opAllow:
+			want = m.allowN(o.id, share(o.limit), o.at, o.cost)
+			got, err = l.AllowN(ctx, o.id, o.limit, o.cost)
+			if got.Allowed {
+				allowed++
+			} else {
+				denied++
+			}
+		}
+		require.NoError(t, err, where)
+		want.Limit, want.Degraded = o.limit, true
+		require.Equal(t, want, got, where)
+	}
+	require.Greater(t, allowed, 300)
+	require.Greater(t, denied, 300)
+}
+
+// Four replicas on FailLocal, each with its own process-local windows,
+// together admit about the limit while Redis is down: each its quarter.
+func TestFailLocalShares(t *testing.T) {
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	mr.Close()
+	clk := clock.NewFake(epoch)
+	limit := ratelimit.PerMinute(100)
+	total := 0
+	for range 4 {
+		l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
+			ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(4),
+			ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+		for range 60 {
+			res, err := l.Allow(context.Background(), "id", limit)
+			require.NoError(t, err)
+			require.True(t, res.Degraded)
+			if res.Allowed {
+				total++
+			}
+		}
+	}
+	require.Equal(t, 100, total)
+}

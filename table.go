@@ -1,0 +1,111 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+// windowTable keeps, in this process, per id and window length, a window
+// index and the counts of that window and the one before: what the deny
+// cache remembers of Redis, and what FailLocal counts by itself. It holds a
+// bounded number of entries, in shards; a full shard drops an arbitrary
+// entry to make room. It is safe for simultaneous use.
+type windowTable struct {
+	seed   maphash.Seed
+	shards [tableShards]tableShard
+}
+
+const tableShards = 32
+
+type tableShard struct {
+	mu      sync.RWMutex
+	entries map[tableKey]windowEntry
+	max     int
+}
+
+type tableKey struct {
+	id string
+	w  int64
+}
+
+// windowEntry holds the counts of window i and of window i-1.
+type windowEntry struct {
+	i int64
+	counts
+}
+
+// at returns the counts as they stand in window i, when the entry can say:
+// the same window, or the next one, where its current count has become the
+// previous one.
+func (e windowEntry) at(i int64) (counts, bool) {
+	switch i {
+	case e.i:
+		return e.counts, true
+	case e.i + 1:
+		return counts{prev: e.cur}, true
+	}
+	return counts{}, false
+}
+
+func newWindowTable(maxEntries int) *windowTable {
+	t := &windowTable{seed: maphash.MakeSeed()}
+	per := max(1, maxEntries/tableShards)
+	for i := range t.shards {
+		t.shards[i] = tableShard{entries: make(map[tableKey]windowEntry), max: per}
+	}
+	return t
+}
+
+func (t *windowTable) shard(id string) *tableShard {
+	return &t.shards[maphash.String(t.seed, id)%tableShards]
+}
+
+// get returns the entry of id and window length w.
+func (t *windowTable) get(id string, w int64) (windowEntry, bool) {
+	s := t.shard(id)
+	s.mu.RLock()
+	e, ok := s.entries[tableKey{id, w}]
+	s.mu.RUnlock()
+	return e, ok
+}
+
+// update calls fn with the entry of id and w (ok false when there is none)
+// under the shard's lock, and stores what fn returns if it says to.
+func (t *windowTable) update(id string, w int64, fn func(e windowEntry, ok bool) (windowEntry, bool)) {
+	k := tableKey{id, w}
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	e, store := fn(e, ok)
+	if !store {
+		return
+	}
+	if !ok && len(s.entries) >= s.max {
+		for old := range s.entries { // map order is random: drop any one
+			delete(s.entries, old)
+			break
+		}
+	}
+	s.entries[k] = e
+}
+
+// delete drops the entry of id and w.
+func (t *windowTable) delete(id string, w int64) {
+	s := t.shard(id)
+	s.mu.Lock()
+	delete(s.entries, tableKey{id, w})
+	s.mu.Unlock()
+}
+
+// size returns the number of entries.
+func (t *windowTable) size() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		n += len(s.entries)
+		s.mu.RUnlock()
+	}
+	return n
+}

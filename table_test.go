@@ -1,0 +1,47 @@
+package ratelimit
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A flood of distinct ids never grows the in-process tables past their
+// bound.
+func TestWindowTableBounded(t *testing.T) {
+	table := newWindowTable(64)
+	for i := range 10_000 {
+		table.update("id-"+strconv.Itoa(i), 1000, func(windowEntry, bool) (windowEntry, bool) {
+			return windowEntry{i: 1, counts: counts{cur: 1}}, true
+		})
+	}
+	require.LessOrEqual(t, table.size(), 64)
+	require.Positive(t, table.size())
+
+	local := newLocalWindows(1)
+	pos := locate(time.Now().UnixMilli(), 1000)
+	for i := range 2 * maxLocalEntries {
+		local.decide(strconv.Itoa(i), PerSecond(10), pos, 1)
+	}
+	require.LessOrEqual(t, local.table.size(), maxLocalEntries)
+}
+
+// Ids longer than maxCachedID are not cached by the deny cache, and are
+// kept by FailLocal under a stand-in of bounded length that no short id can
+// equal.
+func TestLongIDs(t *testing.T) {
+	c := newDenyCache(10)
+	long := strings.Repeat("x", maxCachedID+1)
+	pos := locate(0, 1000)
+	c.record(long, pos, counts{cur: 5}, false, 1)
+	require.Zero(t, c.table.size())
+
+	local := newLocalWindows(1)
+	a, b := local.key(long+"a"), local.key(long+"b")
+	require.Len(t, a, maxCachedID+1)
+	require.NotEqual(t, a, b)
+	require.Equal(t, "short", local.key("short"))
+}
