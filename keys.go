@@ -18,7 +18,7 @@ func validate(id string, limit Limit, n int64) error {
 	if id == "" {
 		return fmt.Errorf("%w: id is empty", ErrInvalidID)
 	}
-	if err := limit.validate(); err != nil {
+	if err := limit.Validate(); err != nil {
 		return err
 	}
 	if n < 1 {
@@ -27,7 +27,11 @@ func validate(id string, limit Limit, n int64) error {
 	return nil
 }
 
-func (l Limit) validate() error {
+// Validate reports what makes l unusable, as every method of a Limiter would:
+// a Rate below 1, a Window below 1ms or not a whole number of milliseconds,
+// or a Rate × Window (in ms) above 2^53. The error wraps ErrInvalidLimit.
+// Check limits from configuration with it at start-up.
+func (l Limit) Validate() error {
 	if l.Rate < 1 {
 		return fmt.Errorf("%w: rate %d is below 1", ErrInvalidLimit, l.Rate)
 	}

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"errors"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -202,12 +203,12 @@ func trimOWS(s string) string { return strings.Trim(s, " \t") }
 
 // normalizePrefixes returns ps masked, with IPv4-mapped IPv6 prefixes
 // turned into IPv4 ones, so that they match the unmapped addresses the rule
-// compares them with. It panics, naming the option, on an invalid prefix.
-func normalizePrefixes(option string, ps []netip.Prefix) []netip.Prefix {
+// compares them with; or an error naming the option and an invalid prefix.
+func normalizePrefixes(option string, ps []netip.Prefix) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(ps))
 	for _, p := range ps {
 		if !p.IsValid() {
-			panic("httplimit: " + option + " was given an invalid prefix " + strconv.Quote(p.String()))
+			return nil, errors.New("httplimit: " + option + " was given an invalid prefix " + strconv.Quote(p.String()))
 		}
 		if a := p.Addr(); a.Is4In6() {
 			bits := max(p.Bits()-96, 0)
@@ -215,5 +216,5 @@ func normalizePrefixes(option string, ps []netip.Prefix) []netip.Prefix {
 		}
 		out = append(out, p.Masked())
 	}
-	return out
+	return out, nil
 }

@@ -125,11 +125,12 @@ func TestIPv6Prefix(t *testing.T) {
 }
 
 func TestNormalizePrefixes(t *testing.T) {
-	got := normalizePrefixes("test", []netip.Prefix{
+	got, err := normalizePrefixes("test", []netip.Prefix{
 		netip.MustParsePrefix("10.1.2.3/8"),
 		netip.MustParsePrefix("::ffff:192.0.2.0/120"),
 		netip.MustParsePrefix("2001:db8::1/32"),
 	})
+	require.NoError(t, err)
 	require.Equal(t, []netip.Prefix{
 		netip.MustParsePrefix("10.0.0.0/8"),
 		netip.MustParsePrefix("192.0.2.0/24"),

@@ -16,11 +16,15 @@ import (
 // with no key, or one known rejects, falls through to the next KeyFunc (at
 // last the client address), so that a client cannot get a fresh count by
 // sending a made-up key. known runs on every request with a key: it should
-// be a map lookup or a cache, not a database round trip. APIKey panics if
-// header is empty or known is nil.
+// be a map lookup or a cache, not a database round trip. An empty header
+// means "X-API-Key"; a nil known recognises no key, so that every request
+// falls through.
 func APIKey(header string, known func(key string) bool) KeyFunc {
-	if header == "" || known == nil {
-		panic("httplimit: APIKey needs a header name and a function that recognises keys")
+	if header == "" {
+		header = "X-API-Key"
+	}
+	if known == nil {
+		known = func(string) bool { return false }
 	}
 	header = http.CanonicalHeaderKey(header)
 	return func(r *http.Request) string {

@@ -18,6 +18,9 @@ package httplimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/slidingwindow/ratelimit"
@@ -47,18 +50,43 @@ import (
 // but no Remaining, Reset or RateLimit, which would be made up.
 //
 // The middleware is safe for simultaneous use by multiple goroutines, as
-// long as the functions given to the options are. Middleware panics if l is
-// nil; an invalid limit is reported by the Limiter on each request, through
-// the error handler.
+// long as the functions given to the options are.
+//
+// A configuration that New rejects (a nil l, an invalid limit, an option
+// given invalid values) is logged once through log/slog, and the middleware
+// then answers every request with 500: loud in the first test, never an
+// unlimited API. Call New instead to get the error at start-up.
 func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) func(http.Handler) http.Handler {
-	if l == nil {
-		panic("httplimit: Middleware was given a nil Limiter")
+	mw, err := New(l, limit, opts...)
+	if err != nil {
+		slog.Error("httplimit: the middleware is misconfigured; it answers every request with 500", "error", err)
+		return func(http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				WriteProblem(w, http.StatusInternalServerError, "")
+			})
+		}
 	}
+	return mw
+}
+
+// New is Middleware that reports a configuration error instead of serving
+// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), or an
+// option given invalid values; the error names each problem.
+func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http.Handler) http.Handler, error) {
 	cfg := config{headers: AllHeaders}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&cfg)
 		}
+	}
+	if l == nil {
+		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
+	}
+	if err := limit.Validate(); err != nil {
+		cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: %w", err))
+	}
+	if len(cfg.errs) > 0 {
+		return nil, errors.Join(cfg.errs...)
 	}
 	if cfg.denied == nil {
 		cfg.denied = http.HandlerFunc(tooManyRequests)
@@ -75,7 +103,7 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
 		})
-	}
+	}, nil
 }
 
 // FromContext returns the Result of the decision the middleware made for

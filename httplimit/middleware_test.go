@@ -36,10 +36,13 @@ func newEnv(t *testing.T, opts ...ratelimit.Option) *env {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	clk := clock.NewFake(epoch)
+	// The timeout is long: these tests count exact decisions, and on a busy
+	// machine a slow miniredis must not turn one into a FailOpen pass.
 	opts = append([]ratelimit.Option{
 		ratelimit.WithClock(clk.Now),
 		ratelimit.WithPrefix("test"),
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}),
+		ratelimit.WithTimeout(time.Minute),
 	}, opts...)
 	return &env{mr: mr, clock: clk, limiter: ratelimit.New(client, opts...)}
 }
@@ -512,33 +515,53 @@ func TestFromContext(t *testing.T) {
 	require.False(t, ok)
 }
 
-func TestConfigurationPanics(t *testing.T) {
+// Configuration errors never panic: New reports each, naming it, and
+// Middleware answers every request with 500 instead of leaving the API
+// unlimited.
+func TestConfigurationErrors(t *testing.T) {
+	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
 	tests := []struct {
-		name string
-		fn   func()
+		name    string
+		limiter *ratelimit.Limiter
+		limit   ratelimit.Limit
+		opt     httplimit.Option
+		says    string
 	}{
-		{"nil limiter", func() { httplimit.Middleware(nil, ratelimit.PerMinute(1)) }},
-		{"proxies with another header", func() { httplimit.WithTrustedProxies("X-Real-IP", netip.MustParsePrefix("10.0.0.0/8")) }},
-		{"proxies without ranges", func() { httplimit.WithTrustedProxies("X-Forwarded-For") }},
-		{"invalid proxy range", func() { httplimit.WithTrustedProxies("Forwarded", netip.Prefix{}) }},
-		{"client IP header that is a list", func() { httplimit.WithClientIPHeader("x-forwarded-for") }},
-		{"empty client IP header", func() { httplimit.WithClientIPHeader("") }},
-		{"IPv6 prefix 0", func() { httplimit.WithIPv6Prefix(0) }},
-		{"IPv6 prefix 129", func() { httplimit.WithIPv6Prefix(129) }},
-		{"API key without check", func() { httplimit.APIKey("X-API-Key", nil) }},
+		{"nil limiter", nil, ratelimit.PerMinute(1), nil, "the Limiter is nil"},
+		{"invalid limit", l, ratelimit.PerMinute(0), nil, "rate 0 is below 1"},
+		{"proxies with another header", l, ratelimit.PerMinute(1), httplimit.WithTrustedProxies("X-Real-IP", netip.MustParsePrefix("10.0.0.0/8")), "reads X-Forwarded-For or Forwarded"},
+		{"proxies without ranges", l, ratelimit.PerMinute(1), httplimit.WithTrustedProxies("X-Forwarded-For"), "no proxy range"},
+		{"invalid proxy range", l, ratelimit.PerMinute(1), httplimit.WithTrustedProxies("Forwarded", netip.Prefix{}), "invalid prefix"},
+		{"client IP header that is a list", l, ratelimit.PerMinute(1), httplimit.WithClientIPHeader("x-forwarded-for"), "holds one address"},
+		{"empty client IP header", l, ratelimit.PerMinute(1), httplimit.WithClientIPHeader(""), "holds one address"},
+		{"IPv6 prefix 0", l, ratelimit.PerMinute(1), httplimit.WithIPv6Prefix(0), "1 to 128 bits, not 0"},
+		{"IPv6 prefix 129", l, ratelimit.PerMinute(1), httplimit.WithIPv6Prefix(129), "1 to 128 bits, not 129"},
+		{"invalid allow-list range", l, ratelimit.PerMinute(1), httplimit.WithAllowList(netip.Prefix{}), "WithAllowList was given an invalid prefix"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			require.PanicsWithValue(t, panicValue(tc.fn), tc.fn)
-			require.Regexp(t, "^httplimit: ", panicValue(tc.fn))
+			mw, err := httplimit.New(tc.limiter, tc.limit, tc.opt)
+			require.Nil(t, mw)
+			require.ErrorContains(t, err, tc.says)
+			require.Regexp(t, "^httplimit: ", err.Error())
+
+			served := false
+			h := httplimit.Middleware(tc.limiter, tc.limit, tc.opt)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served = true }))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+			require.Equal(t, http.StatusInternalServerError, rec.Code)
+			require.False(t, served)
 		})
 	}
 }
 
-func panicValue(fn func()) (v any) {
-	defer func() { v = recover() }()
-	fn()
-	return nil
+// APIKey with no header name reads X-API-Key; with no way to recognise keys
+// it recognises none, and every request falls through to the address.
+func TestAPIKeyDefaults(t *testing.T) {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-API-Key", "k")
+	require.Equal(t, httplimit.HashedKey("k"), httplimit.APIKey("", func(string) bool { return true })(r))
+	require.Equal(t, "", httplimit.APIKey("X-API-Key", nil)(r))
 }
 
 // TestSpoofersShareACount sends a fresh forwarding header with every request

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"errors"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -62,6 +63,7 @@ type config struct {
 	headers HeaderSet
 	denied  http.Handler
 	onError func(http.ResponseWriter, *http.Request, error)
+	errs    []error // what the options found wrong; New reports them
 }
 
 // WithKeys sets how requests are told apart: each KeyFunc is tried in turn
@@ -110,19 +112,23 @@ func WithRoute(fn func(r *http.Request) string) Option {
 // socket) counts as a trusted proxy. An entry that is reached but is not an
 // address ("unknown", "_hidden", garbage) makes the request UnknownClient.
 //
-// WithTrustedProxies panics if header is neither, or if proxies is empty or
-// holds an invalid prefix.
+// A header that is neither, an empty proxies, or an invalid prefix is a
+// configuration error (see New).
 func WithTrustedProxies(header string, proxies ...netip.Prefix) Option {
 	h := http.CanonicalHeaderKey(header)
-	if h != headerXFF && h != headerForwarded {
-		panic("httplimit: WithTrustedProxies reads X-Forwarded-For or Forwarded, not " + strconv.Quote(header) +
+	trusted, err := normalizePrefixes("WithTrustedProxies", proxies)
+	switch {
+	case h != headerXFF && h != headerForwarded:
+		err = errors.New("httplimit: WithTrustedProxies reads X-Forwarded-For or Forwarded, not " + strconv.Quote(header) +
 			"; for a header that holds one address use WithClientIPHeader")
+	case len(proxies) == 0:
+		err = errors.New("httplimit: WithTrustedProxies was given no proxy range; without one, leave it out")
 	}
-	if len(proxies) == 0 {
-		panic("httplimit: WithTrustedProxies was given no proxy range; without one, leave it out")
-	}
-	trusted := normalizePrefixes("WithTrustedProxies", proxies)
 	return func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
 		c.ip.mode, c.ip.header, c.ip.trusted = fromProxies, h, trusted
 	}
 }
@@ -136,28 +142,36 @@ func WithTrustedProxies(header string, proxies ...netip.Prefix) Option {
 // must be unreachable except through the edge, or any client can choose its
 // key. A request whose header is missing or not one address is UnknownClient.
 //
-// WithClientIPHeader panics if header is empty, X-Forwarded-For or Forwarded
-// (lists: use WithTrustedProxies), or if from holds an invalid prefix.
+// A header that is empty, X-Forwarded-For or Forwarded (lists: use
+// WithTrustedProxies), or an invalid prefix in from, is a configuration
+// error (see New).
 func WithClientIPHeader(header string, from ...netip.Prefix) Option {
 	h := http.CanonicalHeaderKey(header)
+	senders, err := normalizePrefixes("WithClientIPHeader", from)
 	if h == "" || h == headerXFF || h == headerForwarded {
-		panic("httplimit: WithClientIPHeader needs a header that holds one address, not " + strconv.Quote(header) +
+		err = errors.New("httplimit: WithClientIPHeader needs a header that holds one address, not " + strconv.Quote(header) +
 			"; for X-Forwarded-For and Forwarded use WithTrustedProxies")
 	}
-	senders := normalizePrefixes("WithClientIPHeader", from)
 	return func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
 		c.ip.mode, c.ip.header, c.ip.trusted = fromHeader, h, senders
 	}
 }
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
 // its key (default DefaultIPv6Prefix, 64): every address in one such prefix
-// shares a count. It panics if bits is not in 1..128.
+// shares a count. bits outside 1..128 is a configuration error (see New).
 func WithIPv6Prefix(bits int) Option {
-	if bits < 1 || bits > 128 {
-		panic("httplimit: WithIPv6Prefix needs 1 to 128 bits, not " + strconv.Itoa(bits))
+	return func(c *config) {
+		if bits < 1 || bits > 128 {
+			c.errs = append(c.errs, errors.New("httplimit: WithIPv6Prefix needs 1 to 128 bits, not "+strconv.Itoa(bits)))
+			return
+		}
+		c.ip.v6Bits = bits
 	}
-	return func(c *config) { c.ip.v6Bits = bits }
 }
 
 // WithLimitFunc chooses the limit for each request, as for plans or routes
@@ -196,8 +210,14 @@ func WithSkip(fn func(r *http.Request) bool) Option {
 // client-IP rule finds (WithTrustedProxies, WithClientIPHeader), so a client
 // cannot get on the list by sending a header. It panics on an invalid prefix.
 func WithAllowList(prefixes ...netip.Prefix) Option {
-	allow := normalizePrefixes("WithAllowList", prefixes)
-	return func(c *config) { c.allow = allow }
+	allow, err := normalizePrefixes("WithAllowList", prefixes)
+	return func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.allow = allow
+	}
 }
 
 // WithHeaders selects the rate-limit headers every response carries
