@@ -36,14 +36,35 @@ type faultPolicy struct {
 	degraded func(limit ratelimit.Limit, res ratelimit.Result, err error) error
 }
 
+// failOpen checks a FailOpen decision.
+func failOpen(limit ratelimit.Limit, res ratelimit.Result, err error) error {
+	want := ratelimit.Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}
+	if err != nil || res != want {
+		return fmt.Errorf("FailOpen decided %+v, %v; want %+v, nil", res, err, want)
+	}
+	return nil
+}
+
 var faultPolicies = []faultPolicy{
 	{
-		name: "FailOpen",
-		opts: []ratelimit.Option{ratelimit.WithFailurePolicy(ratelimit.FailOpen)},
+		name:     "FailOpen",
+		opts:     []ratelimit.Option{ratelimit.WithFailurePolicy(ratelimit.FailOpen)},
+		degraded: failOpen,
+	},
+	{
+		// Every decision tries Redis and waits for it to fail: the cost of
+		// an outage without the circuit breaker.
+		name:     "FailOpen, no breaker",
+		opts:     []ratelimit.Option{ratelimit.WithFailurePolicy(ratelimit.FailOpen), ratelimit.WithCircuitBreaker(0, 0)},
+		degraded: failOpen,
+	},
+	{
+		name: "FailLocal",
+		opts: []ratelimit.Option{ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(4)},
 		degraded: func(limit ratelimit.Limit, res ratelimit.Result, err error) error {
-			want := ratelimit.Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}
-			if err != nil || res != want {
-				return fmt.Errorf("FailOpen decided %+v, %v; want %+v, nil", res, err, want)
+			share := max(1, limit.Rate/4)
+			if err != nil || !res.Degraded || res.Limit != limit || res.Count > share || res.Allowed && res.RetryAfter != 0 {
+				return fmt.Errorf("FailLocal decided %+v, %v; want a local decision against %d", res, err, share)
 			}
 			return nil
 		},

@@ -175,11 +175,6 @@ func FuzzScriptReply(f *testing.F) {
 				t.Fatalf("FailClosed: %v does not wrap ErrUnavailable", err)
 			case res.Degraded && policy == FailOpen && !res.Allowed:
 				t.Fatalf("FailOpen denied: %+v", res)
-			case fuzzKnownWrap(res):
-				// Known, and left to the core: a reply that allows the
-				// request with counts near 2^63 (no script sends one)
-				// saturates the estimate, and result adds the cost to it,
-				// which wraps Count negative. Drop this case with the fix.
 			case !res.Degraded && (res.Count < 0 || res.Remaining != max(0, limit.Rate-res.Count) || res.Allowed && res.RetryAfter != 0):
 				t.Fatalf("%v: inconsistent decision %+v", policy, res)
 			}
@@ -191,17 +186,16 @@ func FuzzScriptReply(f *testing.F) {
 			t.Fatalf("the same reply decided differently by policy: %+v", decided)
 		}
 		if flag, cur, prev, ok := fuzzCanonical(reply); ok {
-			valid := (flag == 0 || flag == 1) && cur >= 0 && prev >= 0
+			// The clock starts a window, so the estimate is cur + prev, and
+			// the script allows a request only if it fits the rate.
+			fits := prev <= limit.Rate-1 && cur <= limit.Rate-1-prev
+			valid := (flag == 0 || flag == 1 && fits) && cur >= 0 && prev >= 0
 			if res, ok := decided[FailOpen]; valid != ok || ok && res.Allowed != (flag == 1) {
 				t.Fatalf("reply %q: decision %+v (made: %v)", reply, res, ok)
 			}
 		}
 	})
 }
-
-// fuzzKnownWrap reports a decision of the known Count overflow: allowed,
-// from Redis, with a negative Count.
-func fuzzKnownWrap(res Result) bool { return !res.Degraded && res.Allowed && res.Count < 0 }
 
 // fuzzCanonical reads reply as exactly "*3" and three RESP integers, and
 // nothing more.

@@ -75,17 +75,24 @@ type Result struct {
 	ResetAfter time.Duration
 	// Degraded reports that the decision came from the failure policy because
 	// Redis could not make it. Count, Remaining, RetryAfter and ResetAfter
-	// then say nothing about real usage: Count is 0, Remaining is Limit.Rate,
-	// and the waits are 0.
+	// then say nothing about real usage: under FailOpen and FailClosed Count
+	// is 0, Remaining is Limit.Rate and the waits are 0; under FailLocal they
+	// describe this process's share. A decision that timed out may still
+	// have been counted by Redis, if the script ran after all: a degraded
+	// request may have used quota.
 	Degraded bool
 }
 
 // Limiter decides requests against sliding-window limits kept in Redis.
 // Each decision is one round trip running one Lua script, so any number of
 // application servers sharing one Redis (or Redis Cluster) share each limit
-// exactly. A Limiter is safe for simultaneous use by multiple goroutines; it
-// holds no state of its own between calls and starts no goroutine that
-// outlives a call.
+// exactly. A Limiter is safe for simultaneous use by multiple goroutines.
+//
+// It needs no Close: it keeps no goroutine of its own. Two kinds of
+// goroutine can outlive a call for a while: with a client that ignores ctx
+// deadlines (go-redis's default), a call that timed out leaves the client's
+// goroutine waiting until the client's ReadTimeout; with WithBatching, the
+// goroutine sending a batch ends when no request is waiting.
 type Limiter struct {
 	client    redis.UniversalClient
 	keyPrefix string // the prefix, escaped, then ":{"
@@ -165,6 +172,11 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 		}
 	}
 	allowed, c, err := l.run(ctx, id, limit, pos, n)
+	if err == nil && allowed && pos.estimate(c) > limit.Rate-n {
+		// The script allows only what fits; a reply that says otherwise was
+		// not written by it.
+		err = fmt.Errorf("%w: allowed at counts (%d, %d) above rate %d", ErrBadReply, c.cur, c.prev, limit.Rate)
+	}
 	if err != nil {
 		return l.fail(ctx, id, limit, pos, n, err)
 	}

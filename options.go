@@ -125,6 +125,10 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // Limiter stops waiting for the reply itself, and the client gives up on the
 // connection later, after its ReadTimeout. A d of zero or less removes the
 // limiter's deadline; then only the caller's ctx and the client bound it.
+//
+// A timeout cannot take back a script Redis has received: when Redis is
+// slow rather than gone, the script may still run after the deadline, and
+// count a request that the failure policy decided.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) {
 		c.timeout = d
