@@ -7,20 +7,20 @@ import (
 	"sync"
 )
 
-// batcher decides concurrent requests together: while one script call is in
-// flight, the requests that arrive wait, then go in the next call, as many
-// as maxBatch. Redis spends most of a script call's time on invoking the
+// batcher decides concurrent requests together: while script calls are in
+// flight (at most maxInFlight), the requests that arrive wait, then go in the
+// next call, as many as maxBatch. Redis spends most of a script call's time on invoking the
 // script, not on the few reads and writes inside it, so one call for many
 // requests is most of the gain; the round trips saved are the rest.
 //
-// At rest there is no goroutine and no wait: a request that finds nothing in
-// flight is sent at once, alone. When a call returns and requests are
+// At rest there is no goroutine and no wait: a request that finds room for a
+// call and no one waiting is sent at once, alone. When a call returns and requests are
 // waiting, a goroutine sends them, and the next batch after that, and ends
 // when none is waiting.
 //
 // Requests in one call are decided in the order they arrived, each seeing
-// the counts the ones before it wrote: the same decisions as if they had
-// come one at a time in that order. All keys of a call must be on one
+// the counts the ones before it wrote, and each call is atomic: the same
+// decisions as if the requests had come one at a time, in some order. All keys of a call must be on one
 // server, so batching is for a single Redis (or a failover client's
 // master), never a Redis Cluster.
 type batcher struct {
@@ -28,9 +28,13 @@ type batcher struct {
 	maxBatch int
 
 	mu      sync.Mutex
-	sending bool       // a call is in flight
+	sending int        // calls in flight, at most maxInFlight
 	queue   []*pending // requests waiting for the next call
 }
+
+// maxInFlight calls may be in flight at once, so that Redis runs one while
+// the client hands out the results of another and gathers the next.
+const maxInFlight = 2
 
 // pending is one request waiting for its batch; done receives once, when
 // its outcome is set.
@@ -48,17 +52,18 @@ type pending struct {
 func (b *batcher) decide(ctx context.Context, req request) (bool, counts, error) {
 	p := &pending{req: req, done: make(chan struct{}, 1)}
 	b.mu.Lock()
-	if !b.sending && b.l.ctxAware {
-		// Nothing in flight: send at once on this goroutine; ctx bounds it.
-		b.sending = true
+	if b.sending < maxInFlight && len(b.queue) == 0 && b.l.ctxAware {
+		// Room for a call and no one waiting: send at once on this
+		// goroutine; ctx bounds it.
+		b.sending++
 		b.mu.Unlock()
 		b.send(ctx, []*pending{p})
 		b.next()
 		return p.allowed, p.counts, p.err
 	}
 	b.queue = append(b.queue, p)
-	if !b.sending {
-		b.sending = true
+	if b.sending < maxInFlight {
+		b.sending++
 		go b.flush(b.take())
 	}
 	b.mu.Unlock()
@@ -87,7 +92,7 @@ func (b *batcher) next() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
-		b.sending = false
+		b.sending--
 		return
 	}
 	go b.flush(b.take())
@@ -103,7 +108,7 @@ func (b *batcher) flush(batch []*pending) {
 		cancel()
 		b.mu.Lock()
 		if len(b.queue) == 0 {
-			b.sending = false
+			b.sending--
 			b.mu.Unlock()
 			return
 		}

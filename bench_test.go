@@ -2,7 +2,9 @@ package ratelimit_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +38,10 @@ func BenchmarkAllow(b *testing.B) {
 		s := redistest.Start(b)
 		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}))
 	})
+	b.Run("redis-server/batching", func(b *testing.B) {
+		s := redistest.Start(b)
+		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}), ratelimit.WithBatching(128))
+	})
 	// go-redis's defaults: the client ignores ctx deadlines, so the Limiter
 	// watches the deadline from a goroutine of its own.
 	b.Run("redis-server/client-defaults", func(b *testing.B) {
@@ -49,9 +55,9 @@ func BenchmarkAllow(b *testing.B) {
 // degraded decision fails the benchmark: it would measure the failure
 // policy, not Redis. The timeout is long for that reason only; a decision
 // costs the same whatever the timeout.
-func benchAllow(b *testing.B, client *redis.Client) {
+func benchAllow(b *testing.B, client *redis.Client, opts ...ratelimit.Option) {
 	b.Cleanup(func() { _ = client.Close() })
-	l := ratelimit.New(client, ratelimit.WithTimeout(10*time.Second))
+	l := ratelimit.New(client, append(opts, ratelimit.WithTimeout(10*time.Second))...)
 	limit := ratelimit.PerMinute(1 << 30)
 	var next atomic.Int64
 	b.ReportAllocs()
@@ -70,6 +76,33 @@ func benchAllow(b *testing.B, client *redis.Client) {
 		}
 		sink.Add(allowed)
 	})
+	b.StopTimer()
+	reportRedisTime(b, client)
+}
+
+// reportRedisTime reports the Redis time the scripts took per decision, and
+// decisions per script call, from the server's INFO commandstats.
+func reportRedisTime(b *testing.B, client *redis.Client) {
+	info, err := client.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return // miniredis has no commandstats
+	}
+	var calls, usec float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				var c, u float64
+				var perCall float64
+				if _, err := fmt.Sscanf(rest, "calls=%g,usec=%g,usec_per_call=%g", &c, &u, &perCall); err == nil {
+					calls, usec = calls+c, usec+u
+				}
+			}
+		}
+	}
+	if calls > 0 {
+		b.ReportMetric(usec/float64(b.N), "redis-µs/op")
+		b.ReportMetric(float64(b.N)/calls, "decisions/call")
+	}
 }
 
 // BenchmarkDenied is one abusive client hammering far past its limit, from

@@ -154,9 +154,9 @@ func WithDenyCache(maxEntries int) Option {
 	return func(c *config) { c.denyMax = max(0, maxEntries) }
 }
 
-// WithBatching lets concurrent decisions share script calls: while one call
-// is in flight, the requests that arrive wait for it and then go together,
-// up to maxBatch in one call. Redis spends most of a call on invoking the
+// WithBatching lets concurrent decisions share script calls: while calls are
+// in flight (two at most), the requests that arrive wait and then go
+// together, up to maxBatch in one call. Redis spends most of a call on invoking the
 // script, so under concurrent load this multiplies the decisions one Redis
 // can make; a request that finds nothing in flight is sent at once, so a
 // quiet service sees no added latency. Decisions are the same as if the

@@ -81,7 +81,7 @@ func reference(t *testing.T, steps []step) []decision {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
 	ref := clock.NewFake(skewT)
-	l := ratelimit.New(client, ratelimit.WithClock(ref.Now))
+	l := ratelimit.New(client, ratelimit.WithTimeout(time.Minute), ratelimit.WithClock(ref.Now))
 	return run(t, steps, []*ratelimit.Limiter{l, l, l}, func(d time.Duration) { ref.Add(d) }, nil)
 }
 
@@ -134,7 +134,7 @@ func TestSkewRedisClockAgrees(t *testing.T) {
 		clocks[i] = ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0), ratelimit.WithLocalClock(local.Now))
 		defer clocks[i].Close()
 		require.NoError(t, clocks[i].Sync(t.Context()))
-		limiters[i] = ratelimit.New(client, ratelimit.WithClock(clocks[i].Now))
+		limiters[i] = ratelimit.New(client, ratelimit.WithTimeout(time.Minute), ratelimit.WithClock(clocks[i].Now))
 	}
 	got := run(t, steps, limiters, advance, func(elapsed time.Duration) {
 		// Redis's clock has moved with real time; every server resyncs.
@@ -162,7 +162,7 @@ func TestSkewLocalClocksDisagree(t *testing.T) {
 	for i, local := range locals {
 		client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		defer client.Close()
-		limiters[i] = ratelimit.New(client, ratelimit.WithClock(local.Now))
+		limiters[i] = ratelimit.New(client, ratelimit.WithTimeout(time.Minute), ratelimit.WithClock(local.Now))
 	}
 	got := run(t, steps, limiters, advance, nil)
 	require.NotEqual(t, want, got)
@@ -214,7 +214,7 @@ func TestSkewBurstOvershoot(t *testing.T) {
 		defer client.Close()
 		var limiters []*ratelimit.Limiter
 		for _, skew := range skews {
-			limiters = append(limiters, ratelimit.New(client, ratelimit.WithClock(clock.NewFake(first.Add(skew)).Now)))
+			limiters = append(limiters, ratelimit.New(client, ratelimit.WithTimeout(time.Minute), ratelimit.WithClock(clock.NewFake(first.Add(skew)).Now)))
 		}
 		require.Equal(t, int64(22), burst(t, limiters, limit))
 	})
@@ -230,7 +230,7 @@ func TestSkewBurstOvershoot(t *testing.T) {
 				ratelimit.WithLocalClock(clock.NewFake(first.Add(skew)).Now))
 			defer rc.Close()
 			require.NoError(t, rc.Sync(t.Context()))
-			limiters = append(limiters, ratelimit.New(client, ratelimit.WithClock(rc.Now)))
+			limiters = append(limiters, ratelimit.New(client, ratelimit.WithTimeout(time.Minute), ratelimit.WithClock(rc.Now)))
 		}
 		require.Equal(t, int64(10), burst(t, limiters, limit))
 	})

@@ -54,20 +54,30 @@ type Server struct {
 // are passed to redis-server as they are, say "--cluster-enabled", "yes".
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
+	t.Cleanup(s.Stop) // first, so that a server that never answers is stopped too
+	s.launch(t, args)
+	return s
+}
+
+// launch starts redis-server on s.Addr's port and waits until it answers.
+func (s *Server) launch(t testing.TB, args []string) {
+	t.Helper()
 	bin := Require(t, "redis-server")
-	port := freePort(t)
+	_, port, err := net.SplitHostPort(s.Addr)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
 	dir := t.TempDir()
 	argv := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log"),
 	}, args...)
-	cmd := exec.Command(bin, argv...)
-	if err := cmd.Start(); err != nil {
+	s.cmd = exec.Command(bin, argv...)
+	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
-	t.Cleanup(s.Stop)
 	if err := waitFor(func(ctx context.Context) error {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 		defer c.Close()
@@ -76,13 +86,12 @@ func Start(t testing.TB, args ...string) *Server {
 		log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
 		t.Fatalf("redis-server on %s did not answer: %v\n%s", s.Addr, err, log)
 	}
-	return s
 }
 
 // Stop kills the server and waits for it to exit. It may be called more than
 // once; tests call it to simulate an outage.
 func (s *Server) Stop() {
-	if s.cmd.Process == nil || s.cmd.ProcessState != nil {
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
 		return
 	}
 	_ = s.cmd.Process.Kill()
