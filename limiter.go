@@ -99,7 +99,7 @@ type Limiter struct {
 	now       func() time.Time
 	policy    FailurePolicy
 	onError   func(ctx context.Context, id string, err error)
-	timeout   time.Duration // 0: none
+	timeout   time.Duration // 0 or less: none
 	// ctxAware is true when the client itself stops at the ctx deadline
 	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
 	ctxAware bool
@@ -116,7 +116,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {
 		if opt != nil {
-			opt(&cfg)
+			opt.apply(&cfg)
 		}
 	}
 	l := &Limiter{
@@ -127,9 +127,6 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		onError:   cfg.onError,
 		timeout:   cfg.timeout,
 		ctxAware:  honoursContext(client),
-	}
-	if cfg.noBudget {
-		l.timeout = 0
 	}
 	if cfg.denyMax > 0 {
 		l.denied = newDenyCache(cfg.denyMax)

@@ -51,7 +51,12 @@ func (p FailurePolicy) String() string {
 }
 
 // Option configures a Limiter; pass options to New.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 // config holds what the options set; New fills in the defaults.
 type config struct {
@@ -59,11 +64,10 @@ type config struct {
 	now      func() time.Time
 	policy   FailurePolicy
 	onError  func(ctx context.Context, id string, err error)
-	timeout  time.Duration
-	noBudget bool // set by WithTimeout(0) or less: no limiter deadline at all
-	denyMax  int  // entries of the deny cache; 0: no cache
-	batchMax int  // requests per script call; 0: one each
-	replicas int  // application servers sharing the limits, for FailLocal
+	timeout  time.Duration // 0 or less: no limiter deadline at all
+	denyMax  int           // entries of the deny cache; 0: no cache
+	batchMax int           // requests per script call; 0: one each
+	replicas int           // application servers sharing the limits, for FailLocal
 	// breakerFailures consecutive failures open the circuit breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -87,7 +91,7 @@ func defaultConfig() config {
 // and '%' in the prefix are percent-encoded, as in ids, so that the prefix
 // can never change a key's Redis Cluster hash tag.
 func WithPrefix(prefix string) Option {
-	return func(c *config) { c.prefix = prefix }
+	return optionFunc(func(c *config) { c.prefix = prefix })
 }
 
 // WithClock sets the clock that places requests in windows (default
@@ -95,18 +99,18 @@ func WithPrefix(prefix string) Option {
 // shares a limit should read a clock that agrees with the others' to within
 // a small fraction of the window.
 func WithClock(now func() time.Time) Option {
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		if now != nil {
 			c.now = now
 		}
-	}
+	})
 }
 
 // WithFailurePolicy sets what a decision is when Redis cannot make it
 // (default FailOpen). A value that is not one of the constants acts as
 // FailOpen.
 func WithFailurePolicy(p FailurePolicy) Option {
-	return func(c *config) { c.policy = p }
+	return optionFunc(func(c *config) { c.policy = p })
 }
 
 // WithErrorHandler sets the function called with every Redis error a decision
@@ -115,7 +119,7 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // log/slog's default logger, at most one line every 10 seconds, counting the
 // errors it left out. A nil fn restores the default.
 func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option {
-	return func(c *config) { c.onError = fn }
+	return optionFunc(func(c *config) { c.onError = fn })
 }
 
 // WithTimeout bounds the time one decision spends on Redis (default
@@ -130,10 +134,7 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // slow rather than gone, the script may still run after the deadline, and
 // count a request that the failure policy decided.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) {
-		c.timeout = d
-		c.noBudget = d <= 0
-	}
+	return optionFunc(func(c *config) { c.timeout = d })
 }
 
 // WithDenyCache keeps, in this process, the counts Redis last reported for
@@ -151,7 +152,7 @@ func WithTimeout(d time.Duration) Option {
 // through, at most two windows. Ids longer than 256 bytes are not cached, so
 // an entry costs a few hundred bytes at most.
 func WithDenyCache(maxEntries int) Option {
-	return func(c *config) { c.denyMax = max(0, maxEntries) }
+	return optionFunc(func(c *config) { c.denyMax = max(0, maxEntries) })
 }
 
 // WithBatching lets concurrent decisions share script calls: while calls are
@@ -167,14 +168,14 @@ func WithDenyCache(maxEntries int) Option {
 // on one server, and a Redis Cluster spreads ids over slots. With any other
 // client the option has no effect. maxBatch of 1 or less turns it off.
 func WithBatching(maxBatch int) Option {
-	return func(c *config) { c.batchMax = maxBatch }
+	return optionFunc(func(c *config) { c.batchMax = maxBatch })
 }
 
 // WithReplicas tells the Limiter how many application servers share its
 // limits (default 1), so that FailLocal lets each of them allow its share,
 // Rate/n, while Redis is down. It changes nothing else.
 func WithReplicas(n int) Option {
-	return func(c *config) { c.replicas = max(1, n) }
+	return optionFunc(func(c *config) { c.replicas = max(1, n) })
 }
 
 // WithCircuitBreaker stops sending decisions to a Redis that keeps failing:
@@ -188,8 +189,8 @@ func WithReplicas(n int) Option {
 // are measured in real time, not on the clock of WithClock, which places
 // requests in windows and may be a test's clock that stands still.
 func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		c.breakerFailures = max(0, failures)
 		c.breakerCooldown = cooldown
-	}
+	})
 }

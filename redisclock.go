@@ -87,7 +87,12 @@ type clockSample struct {
 }
 
 // RedisClockOption configures a RedisClock; pass options to NewRedisClock.
-type RedisClockOption func(*redisClockConfig)
+type RedisClockOption interface{ apply(*redisClockConfig) }
+
+// clockOptionFunc adapts a function to RedisClockOption.
+type clockOptionFunc func(*redisClockConfig)
+
+func (f clockOptionFunc) apply(c *redisClockConfig) { f(c) }
 
 // redisClockConfig holds what the options set.
 type redisClockConfig struct {
@@ -101,7 +106,7 @@ type redisClockConfig struct {
 // turns the background sync off: NewRedisClock then starts no goroutine, and
 // the clock moves to Redis's time only when Sync is called.
 func WithSyncInterval(d time.Duration) RedisClockOption {
-	return func(c *redisClockConfig) { c.interval = d }
+	return clockOptionFunc(func(c *redisClockConfig) { c.interval = d })
 }
 
 // WithLocalClock sets the local clock a RedisClock measures round trips with
@@ -109,11 +114,11 @@ func WithSyncInterval(d time.Duration) RedisClockOption {
 // reading keeps steps of the wall clock out). Tests use it to give each
 // simulated server a clock of its own. A nil now keeps the default.
 func WithLocalClock(now func() time.Time) RedisClockOption {
-	return func(c *redisClockConfig) {
+	return clockOptionFunc(func(c *redisClockConfig) {
 		if now != nil {
 			c.local = now
 		}
-	}
+	})
 }
 
 // NewRedisClock returns a RedisClock that follows client's TIME, and starts
@@ -124,7 +129,7 @@ func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *Redi
 	cfg := redisClockConfig{interval: DefaultSyncInterval, local: time.Now}
 	for _, opt := range opts {
 		if opt != nil {
-			opt(&cfg)
+			opt.apply(&cfg)
 		}
 	}
 	c := &RedisClock{

@@ -13,7 +13,12 @@ import (
 // that starts "httplimit:", on arguments that could only be a mistake, so
 // that a bad configuration stops the program at start-up rather than
 // letting every request through.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 // HeaderSet selects the groups of rate-limit headers a response carries.
 // Retry-After on a 429 does not belong to any set: it is always sent.
@@ -75,14 +80,14 @@ type config struct {
 //
 // With no KeyFunc (the default), every request is counted by client address.
 func WithKeys(fns ...KeyFunc) Option {
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		c.keys = c.keys[:0]
 		for _, fn := range fns {
 			if fn != nil {
 				c.keys = append(c.keys, fn)
 			}
 		}
-	}
+	})
 }
 
 // WithRoute counts each route separately: the identity becomes
@@ -95,7 +100,7 @@ func WithKeys(fns ...KeyFunc) Option {
 //
 // An empty route leaves the identity as it is.
 func WithRoute(fn func(r *http.Request) string) Option {
-	return func(c *config) { c.route = fn }
+	return optionFunc(func(c *config) { c.route = fn })
 }
 
 // WithTrustedProxies makes the client address come from header, which the
@@ -124,13 +129,13 @@ func WithTrustedProxies(header string, proxies ...netip.Prefix) Option {
 	case len(proxies) == 0:
 		err = errors.New("httplimit: WithTrustedProxies was given no proxy range; without one, leave it out")
 	}
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		if err != nil {
 			c.errs = append(c.errs, err)
 			return
 		}
 		c.ip.mode, c.ip.header, c.ip.trusted = fromProxies, h, trusted
-	}
+	})
 }
 
 // WithClientIPHeader makes the client address the value of header, one that
@@ -152,26 +157,26 @@ func WithClientIPHeader(header string, from ...netip.Prefix) Option {
 		err = errors.New("httplimit: WithClientIPHeader needs a header that holds one address, not " + strconv.Quote(header) +
 			"; for X-Forwarded-For and Forwarded use WithTrustedProxies")
 	}
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		if err != nil {
 			c.errs = append(c.errs, err)
 			return
 		}
 		c.ip.mode, c.ip.header, c.ip.trusted = fromHeader, h, senders
-	}
+	})
 }
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
 // its key (default DefaultIPv6Prefix, 64): every address in one such prefix
 // shares a count. bits outside 1..128 is a configuration error (see New).
 func WithIPv6Prefix(bits int) Option {
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		if bits < 1 || bits > 128 {
 			c.errs = append(c.errs, errors.New("httplimit: WithIPv6Prefix needs 1 to 128 bits, not "+strconv.Itoa(bits)))
 			return
 		}
 		c.ip.v6Bits = bits
-	}
+	})
 }
 
 // WithLimitFunc chooses the limit for each request, as for plans or routes
@@ -180,13 +185,13 @@ func WithIPv6Prefix(bits int) Option {
 // keeps its count, if its identity stays the same: limits of the same window
 // length share counts.
 func WithLimitFunc(fn func(r *http.Request) Policy) Option {
-	return func(c *config) { c.policy = fn }
+	return optionFunc(func(c *config) { c.policy = fn })
 }
 
 // WithPolicyName names the limit given to Middleware in the IETF headers
 // (default: derived from the limit, as in "100-per-60s").
 func WithPolicyName(name string) Option {
-	return func(c *config) { c.name = name }
+	return optionFunc(func(c *config) { c.name = name })
 }
 
 // WithCost sets what each request costs (default 1), as for endpoints
@@ -195,14 +200,14 @@ func WithPolicyName(name string) Option {
 // WithSkip. A cost above the limit's rate is always denied (see
 // WithDeniedHandler).
 func WithCost(fn func(r *http.Request) int64) Option {
-	return func(c *config) { c.cost = fn }
+	return optionFunc(func(c *config) { c.cost = fn })
 }
 
 // WithSkip lets the requests for which fn is true through uncounted and
 // without rate-limit headers: health checks, metrics, CORS preflights.
 // WithSkip given twice keeps the last fn.
 func WithSkip(fn func(r *http.Request) bool) Option {
-	return func(c *config) { c.skip = fn }
+	return optionFunc(func(c *config) { c.skip = fn })
 }
 
 // WithAllowList lets requests from client addresses in prefixes through
@@ -211,19 +216,19 @@ func WithSkip(fn func(r *http.Request) bool) Option {
 // cannot get on the list by sending a header. It panics on an invalid prefix.
 func WithAllowList(prefixes ...netip.Prefix) Option {
 	allow, err := normalizePrefixes("WithAllowList", prefixes)
-	return func(c *config) {
+	return optionFunc(func(c *config) {
 		if err != nil {
 			c.errs = append(c.errs, err)
 			return
 		}
 		c.allow = allow
-	}
+	})
 }
 
 // WithHeaders selects the rate-limit headers every response carries
 // (default AllHeaders). WithHeaders(0) sends none but Retry-After.
 func WithHeaders(set HeaderSet) Option {
-	return func(c *config) { c.headers = set }
+	return optionFunc(func(c *config) { c.headers = set })
 }
 
 // WithDeniedHandler sets the handler that answers a request the limit
@@ -232,7 +237,7 @@ func WithHeaders(set HeaderSet) Option {
 // runs; FromContext gives it the Result. A handler that writes no status
 // answers 200, so it should write one.
 func WithDeniedHandler(h http.Handler) Option {
-	return func(c *config) { c.denied = h }
+	return optionFunc(func(c *config) { c.denied = h })
 }
 
 // WithErrorHandler sets the function that answers a request the limiter
@@ -243,5 +248,5 @@ func WithDeniedHandler(h http.Handler) Option {
 // bug in the configuration (an invalid limit, an empty identity, a cost
 // below 1). FromContext gives it the Result; under FailClosed it is Degraded.
 func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
-	return func(c *config) { c.onError = fn }
+	return optionFunc(func(c *config) { c.onError = fn })
 }
