@@ -7,11 +7,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
 // Many goroutines deciding for a few ids at once, with batching: each id
@@ -103,4 +106,26 @@ func TestBatchingCallerGivesUp(t *testing.T) {
 	res, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(5))
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.Count, "the canceled request was not sent")
+}
+
+// The goroutine that sends batches ends when no request waits: after a
+// burst of concurrent decisions and the client's Close, nothing the Limiter
+// started is left running.
+func TestBatchingLeavesNoGoroutine(t *testing.T) {
+	addr := redistest.Start(t).Addr
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer client.Close()
+	l := ratelimit.New(client, ratelimit.WithBatching(64), ratelimit.WithTimeout(time.Minute))
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 10 {
+				if _, err := l.Allow(context.Background(), "id", ratelimit.PerMinute(1000)); err != nil {
+					t.Errorf("Allow: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
