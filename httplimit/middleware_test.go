@@ -252,6 +252,23 @@ func TestRedisDown(t *testing.T) {
 		require.True(t, res.Degraded)
 		require.False(t, res.Allowed)
 	})
+	t.Run("FailLocal decides here, with policy headers only", func(t *testing.T) {
+		// Two replicas: this server alone allows 2 of the 5.
+		e := newEnv(t, ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(2))
+		e.mr.SetError("LOADING Redis is loading the dataset in memory")
+		served := 0
+		h := e.handler(&served, ratelimit.PerMinute(5))
+		for i := range 4 {
+			w := serve(h, request("192.0.2.1:1"))
+			want := http.StatusOK
+			if i >= 2 {
+				want = http.StatusTooManyRequests
+			}
+			require.Equal(t, want, w.Code, "request %d", i)
+			require.Equal(t, policyOnly, headersOf(t, w))
+		}
+		require.Equal(t, 2, served)
+	})
 	t.Run("FailOpen lets through with policy headers only", func(t *testing.T) {
 		e := newEnv(t, ratelimit.WithFailurePolicy(ratelimit.FailOpen))
 		e.mr.SetError("LOADING Redis is loading the dataset in memory")
