@@ -107,6 +107,8 @@ type Limiter struct {
 	batch    *batcher      // nil unless WithBatching, on a *redis.Client
 	breaker  *breaker      // nil if WithCircuitBreaker turned it off
 	local    *localWindows // nil unless FailLocal
+	// sleep pauses Wait between tries; tests replace it to move a fake clock.
+	sleep func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Limiter that keeps its counts in client. Any
@@ -127,6 +129,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		onError:   cfg.onError,
 		timeout:   cfg.timeout,
 		ctxAware:  honoursContext(client),
+		sleep:     sleepCtx,
 	}
 	if cfg.denyMax > 0 {
 		l.denied = newDenyCache(cfg.denyMax)
