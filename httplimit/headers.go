@@ -12,11 +12,21 @@ import (
 // Header names, in the canonical form net/http sends them in (header names
 // are case-insensitive: X-Ratelimit-Limit is X-RateLimit-Limit).
 const (
-	HeaderLimit      = "X-Ratelimit-Limit"
-	HeaderRemaining  = "X-Ratelimit-Remaining"
-	HeaderReset      = "X-Ratelimit-Reset"
-	HeaderPolicy     = "Ratelimit-Policy"
-	HeaderRateLimit  = "Ratelimit"
+	// HeaderLimit is the limit's rate.
+	HeaderLimit = "X-Ratelimit-Limit"
+	// HeaderRemaining is what is left of the rate after this request.
+	HeaderRemaining = "X-Ratelimit-Remaining"
+	// HeaderReset is in whole seconds, rounded up: until the count is 0 on an
+	// allowed response, until the request would pass on a 429; absent on a
+	// 429 that can never pass.
+	HeaderReset = "X-Ratelimit-Reset"
+	// HeaderPolicy is `"<name>";q=<rate>;w=<window in seconds, rounded up>`.
+	HeaderPolicy = "Ratelimit-Policy"
+	// HeaderRateLimit is `"<name>";r=<remaining>;t=<as HeaderReset>`, with no
+	// t on a 429 that can never pass.
+	HeaderRateLimit = "Ratelimit"
+	// HeaderRetryAfter is sent on a 429 that a retry can pass: the seconds
+	// of HeaderReset, at least 1.
 	HeaderRetryAfter = "Retry-After"
 )
 
@@ -66,12 +76,20 @@ func seconds(d time.Duration) int64 {
 // draft asks that RateLimit's t and Retry-After name the same moment, and a
 // client told to wait for the whole window to drain (up to two windows in a
 // sliding window) would wait longer than it has to. Otherwise it is the wait
-// until the count is 0, when the whole quota is back.
+// until the count is 0, when the whole quota is back. A denial that can never
+// pass has no such moment and sends no reset (see neverPasses).
 func resetSeconds(res ratelimit.Result) int64 {
 	if !res.Allowed && res.RetryAfter > 0 {
 		return max(1, seconds(res.RetryAfter))
 	}
 	return seconds(res.ResetAfter)
+}
+
+// neverPasses reports a denial that no wait can turn into a pass: its cost
+// is above the limit's rate. Any reset sent with it, even the time until the
+// count is 0, would tell a client to retry, and it would retry forever.
+func neverPasses(res ratelimit.Result) bool {
+	return !res.Allowed && res.RetryAfter < 0
 }
 
 // setPolicyHeaders sets the headers that describe the limit and need no
@@ -88,14 +106,25 @@ func setPolicyHeaders(h http.Header, set HeaderSet, p *policy) {
 
 // setHeaders sets every header a decision gives. A Degraded result says
 // nothing about the count, so it gets only the policy headers: no made-up
-// Remaining or Reset.
+// Remaining or Reset. A denial that can never pass gets Limit, Remaining and
+// the policy, and nothing that names a time to retry at: no Reset, no t, no
+// Retry-After.
 func setHeaders(h http.Header, set HeaderSet, p *policy, res ratelimit.Result) {
 	setPolicyHeaders(h, set, p)
 	if res.Degraded {
 		return
 	}
-	reset := strconv.FormatInt(resetSeconds(res), 10)
 	remaining := strconv.FormatInt(res.Remaining, 10)
+	if neverPasses(res) {
+		if set&XRateLimitHeaders != 0 {
+			h.Set(HeaderRemaining, remaining)
+		}
+		if set&IETFHeaders != 0 {
+			h.Set(HeaderRateLimit, p.quoted+";r="+remaining)
+		}
+		return
+	}
+	reset := strconv.FormatInt(resetSeconds(res), 10)
 	if set&XRateLimitHeaders != 0 {
 		h.Set(HeaderRemaining, remaining)
 		h.Set(HeaderReset, reset)

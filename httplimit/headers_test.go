@@ -277,11 +277,13 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 					require.Empty(t, h.Values(HeaderRateLimit))
 					continue
 				}
+				params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+				if res.RetryAfter < 0 { // can never pass: no t to retry at
+					params = params[:1]
+				}
 				items, err = parseSFList(h.Get(HeaderRateLimit))
 				require.NoError(t, err)
-				require.Equal(t, []sfItem{{Value: sent, Params: []sfParam{
-					{"r", res.Remaining}, {"t", resetSeconds(res)},
-				}}}, items)
+				require.Equal(t, []sfItem{{Value: sent, Params: params}}, items)
 			}
 		}
 	}
@@ -304,33 +306,40 @@ func TestPolicyName(t *testing.T) {
 }
 
 // TestResetSeconds pins the rounding: always up to a whole second, and on a
-// denial that can pass the wait for it, at least 1.
+// denial that can pass the wait for it, at least 1. A denial that can never
+// pass sends no reset at all.
 func TestResetSeconds(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
 		name  string
 		res   ratelimit.Result
-		reset int64
+		reset string // X-RateLimit-Reset, and RateLimit's t
 		retry string
 	}{
-		{"allowed: reset rounds up", ratelimit.Result{Allowed: true, ResetAfter: 1001 * ms}, 2, ""},
-		{"allowed: whole seconds stay", ratelimit.Result{Allowed: true, ResetAfter: 2000 * ms}, 2, ""},
-		{"allowed: nothing counted", ratelimit.Result{Allowed: true}, 0, ""},
-		{"denied: 1ms is 1s", ratelimit.Result{RetryAfter: 1 * ms, ResetAfter: 90 * time.Second}, 1, "1"},
-		{"denied: 999ms", ratelimit.Result{RetryAfter: 999 * ms, ResetAfter: 90 * time.Second}, 1, "1"},
-		{"denied: 1000ms", ratelimit.Result{RetryAfter: 1000 * ms, ResetAfter: 90 * time.Second}, 1, "1"},
-		{"denied: 1001ms", ratelimit.Result{RetryAfter: 1001 * ms, ResetAfter: 90 * time.Second}, 2, "2"},
-		{"denied: 59.5s", ratelimit.Result{RetryAfter: 59_500 * ms, ResetAfter: 90 * time.Second}, 60, "60"},
-		{"denied forever: reset, no Retry-After", ratelimit.Result{RetryAfter: -1, ResetAfter: 2500 * ms}, 3, ""},
+		{"allowed: reset rounds up", ratelimit.Result{Allowed: true, ResetAfter: 1001 * ms}, "2", ""},
+		{"allowed: whole seconds stay", ratelimit.Result{Allowed: true, ResetAfter: 2000 * ms}, "2", ""},
+		{"allowed: nothing counted", ratelimit.Result{Allowed: true}, "0", ""},
+		{"denied: 1ms is 1s", ratelimit.Result{RetryAfter: 1 * ms, ResetAfter: 90 * time.Second}, "1", "1"},
+		{"denied: 999ms", ratelimit.Result{RetryAfter: 999 * ms, ResetAfter: 90 * time.Second}, "1", "1"},
+		{"denied: 1000ms", ratelimit.Result{RetryAfter: 1000 * ms, ResetAfter: 90 * time.Second}, "1", "1"},
+		{"denied: 1001ms", ratelimit.Result{RetryAfter: 1001 * ms, ResetAfter: 90 * time.Second}, "2", "2"},
+		{"denied: 59.5s", ratelimit.Result{RetryAfter: 59_500 * ms, ResetAfter: 90 * time.Second}, "60", "60"},
+		{"denied forever, some usage: no reset", ratelimit.Result{RetryAfter: -1, ResetAfter: 2500 * ms}, "", ""},
+		{"denied forever, no usage: no reset", ratelimit.Result{RetryAfter: -1}, "", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
-			require.Equal(t, tc.reset, resetSeconds(tc.res))
 			h := http.Header{}
 			setHeaders(h, AllHeaders, newPolicy("p", tc.res.Limit), tc.res)
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
-			require.Equal(t, strconv.FormatInt(tc.reset, 10), h.Get(HeaderReset))
+			require.Equal(t, tc.reset, h.Get(HeaderReset))
+			rl := `"p";r=0`
+			if tc.reset != "" {
+				require.Equal(t, tc.reset, strconv.FormatInt(resetSeconds(tc.res), 10))
+				rl += ";t=" + tc.reset
+			}
+			require.Equal(t, rl, h.Get(HeaderRateLimit))
 		})
 	}
 }

@@ -415,6 +415,43 @@ func TestCost(t *testing.T) {
 	require.Equal(t, 4, served)
 }
 
+// TestCostAboveRateInvitesNoRetry checks that a request that can never pass
+// gets a 429 that names no moment to retry at: no Retry-After, no
+// X-RateLimit-Reset and no t in RateLimit, whether the client has used
+// nothing yet (its reset would read 0, "retry now") or some of its quota.
+func TestCostAboveRateInvitesNoRetry(t *testing.T) {
+	e := newEnv(t)
+	e.clock.Set(epoch.Add(30 * time.Second))
+	served := 0
+	costs := map[string]int64{"/small": 3, "/huge": 11}
+	h := e.handler(&served, ratelimit.PerMinute(10),
+		httplimit.WithCost(func(r *http.Request) int64 { return costs[r.URL.Path] }))
+	call := func(path string) *httptest.ResponseRecorder {
+		r := request("192.0.2.1:1")
+		r.URL.Path = path
+		return serve(h, r)
+	}
+	policy := `"10-per-60s";q=10;w=60`
+
+	w := call("/huge")
+	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	require.Equal(t, map[string]string{
+		"X-Ratelimit-Limit": "10", "X-Ratelimit-Remaining": "10",
+		"Ratelimit-Policy": policy, "Ratelimit": `"10-per-60s";r=10`,
+	}, headersOf(t, w))
+	require.Contains(t, problemOf(t, w).Detail, "cannot succeed by waiting")
+
+	require.Equal(t, http.StatusOK, call("/small").Code)
+	w = call("/huge")
+	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	require.Equal(t, map[string]string{
+		"X-Ratelimit-Limit": "10", "X-Ratelimit-Remaining": "7",
+		"Ratelimit-Policy": policy, "Ratelimit": `"10-per-60s";r=7`,
+	}, headersOf(t, w))
+	require.Equal(t, 1, served)
+	require.Equal(t, int64(3), e.count(t, "ip:192.0.2.1", ratelimit.PerMinute(10)))
+}
+
 func TestHeaderSets(t *testing.T) {
 	tests := []struct {
 		name string
