@@ -45,9 +45,11 @@ func HashedKey(key string) string {
 
 // UserID returns a KeyFunc that counts a request by the user id an earlier
 // middleware (authentication) stored in the request's context under ctxKey,
-// as "user:<id>". The value may be a string, any integer type or a
-// fmt.Stringer; a missing value, an empty id or a value of another type
-// falls through to the next KeyFunc.
+// as "user:<id>". The value may be a string, an int, int32, int64, uint,
+// uint32 or uint64, or a fmt.Stringer; a missing value, an empty id or a
+// value of any other type (a named type such as `type UserID int64`
+// included, unless it has a String method) falls through to the next
+// KeyFunc.
 func UserID(ctxKey any) KeyFunc {
 	return func(r *http.Request) string {
 		id := idString(r.Context().Value(ctxKey))

@@ -13,7 +13,13 @@
 // Every counted response carries X-RateLimit-Limit, X-RateLimit-Remaining
 // and X-RateLimit-Reset, and the IETF draft's RateLimit-Policy and
 // RateLimit; a denied request gets 429 with Retry-After, and a request Redis
-// could not decide under ratelimit.FailClosed gets 503.
+// could not decide under ratelimit.FailClosed gets 503. A decision Redis did
+// not make (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy
+// only, and a request that can never pass gets no time to retry at.
+//
+// New reports a configuration error; Middleware, which cannot fail, logs it
+// once and answers every request with 500. Nothing in the package panics on
+// configuration.
 package httplimit
 
 import (
@@ -33,21 +39,26 @@ import (
 // goes on untouched. The others are counted under their identity (WithKeys,
 // WithRoute; by default the client address), at their cost (WithCost;
 // default 1), against their limit (WithLimitFunc; default limit). The
-// rate-limit headers (WithHeaders) are set on the response, and the Result
-// is stored in the request's context (FromContext). Then:
+// Result is stored in the request's context (FromContext). Then:
 //
-//   - allowed: the next handler serves the request;
-//   - denied: the denied handler answers (WithDeniedHandler; default 429
-//     with Retry-After, in whole seconds rounded up, and a problem+json
-//     body). A request whose cost is above the limit's rate can never pass:
-//     it gets 429 without Retry-After;
+//   - allowed: the rate-limit headers (WithHeaders) are set and the next
+//     handler serves the request;
+//   - denied: the rate-limit headers are set and the denied handler answers
+//     (WithDeniedHandler; default 429 with Retry-After, in whole seconds
+//     rounded up, and a problem+json body). A request whose cost is above
+//     the limit's rate can never pass: its 429 carries the limit, the
+//     remaining count and the policy, but no Retry-After, X-RateLimit-Reset
+//     or RateLimit t, since any of them would invite a retry that fails;
 //   - the limiter returned an error: the error handler answers
-//     (WithErrorHandler; default 503 for Redis down under FailClosed, 500
-//     for invalid input).
+//     (WithErrorHandler; default 503 for Redis down under FailClosed or the
+//     request's context ended, 500 for invalid input), with
+//     X-RateLimit-Limit and RateLimit-Policy set if the Result is Degraded.
 //
 // Under ratelimit.FailOpen, a request Redis could not decide is allowed; its
 // response carries X-RateLimit-Limit and RateLimit-Policy, which are true,
-// but no Remaining, Reset or RateLimit, which would be made up.
+// but no Remaining, Reset or RateLimit, which would be made up. Under
+// ratelimit.FailLocal the local decision stands (429 when it denies, with no
+// Retry-After) with the same two headers only.
 //
 // The middleware is safe for simultaneous use by multiple goroutines, as
 // long as the functions given to the options are.

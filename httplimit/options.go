@@ -9,10 +9,11 @@ import (
 	"github.com/slidingwindow/ratelimit"
 )
 
-// Option configures a Middleware. The With… functions panic, with a message
-// that starts "httplimit:", on arguments that could only be a mistake, so
-// that a bad configuration stops the program at start-up rather than
-// letting every request through.
+// Option configures a Middleware; pass options to New or Middleware. A With…
+// function given arguments that could only be a mistake never panics: it
+// records a configuration error, starting "httplimit:", that New returns and
+// Middleware logs once before answering every request with 500, so that a
+// bad configuration is never an unlimited API. A nil Option is ignored.
 type Option interface{ apply(*config) }
 
 // optionFunc adapts a function to Option.
@@ -21,7 +22,8 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 // HeaderSet selects the groups of rate-limit headers a response carries.
-// Retry-After on a 429 does not belong to any set: it is always sent.
+// Retry-After does not belong to any set: it is sent on every 429 that a
+// later retry can pass, whatever the set, and on no other response.
 type HeaderSet uint8
 
 const (
@@ -197,8 +199,9 @@ func WithPolicyName(name string) Option {
 // WithCost sets what each request costs (default 1), as for endpoints
 // heavier than others. A cost below 1 is an error (ratelimit.ErrInvalidCost)
 // that goes to the error handler; to let a request through uncounted, use
-// WithSkip. A cost above the limit's rate is always denied (see
-// WithDeniedHandler).
+// WithSkip. A cost above the limit's rate is always denied, and its 429
+// names no time to retry at: no Retry-After, X-RateLimit-Reset or
+// RateLimit t.
 func WithCost(fn func(r *http.Request) int64) Option {
 	return optionFunc(func(c *config) { c.cost = fn })
 }
@@ -213,7 +216,9 @@ func WithSkip(fn func(r *http.Request) bool) Option {
 // WithAllowList lets requests from client addresses in prefixes through
 // uncounted and without rate-limit headers. The address is the one the
 // client-IP rule finds (WithTrustedProxies, WithClientIPHeader), so a client
-// cannot get on the list by sending a header. It panics on an invalid prefix.
+// cannot get on the list by sending a header. An invalid prefix is a
+// configuration error (see New). WithAllowList given twice keeps the last
+// list.
 func WithAllowList(prefixes ...netip.Prefix) Option {
 	allow, err := normalizePrefixes("WithAllowList", prefixes)
 	return optionFunc(func(c *config) {
@@ -225,17 +230,19 @@ func WithAllowList(prefixes ...netip.Prefix) Option {
 	})
 }
 
-// WithHeaders selects the rate-limit headers every response carries
+// WithHeaders selects the rate-limit headers every counted response carries
 // (default AllHeaders). WithHeaders(0) sends none but Retry-After.
 func WithHeaders(set HeaderSet) Option {
 	return optionFunc(func(c *config) { c.headers = set })
 }
 
 // WithDeniedHandler sets the handler that answers a request the limit
-// denies (default: 429 with an RFC 9457 problem+json body). The rate-limit
-// headers and Retry-After are set, and the status not yet written, when it
-// runs; FromContext gives it the Result. A handler that writes no status
-// answers 200, so it should write one.
+// denies (default: 429 with an RFC 9457 problem+json body). When it runs the
+// rate-limit headers are set (Retry-After too, if a later retry can pass)
+// and the status is not yet written; FromContext gives it the Result. It
+// also answers the denials of ratelimit.FailLocal, which carry the policy
+// headers only. A handler that writes no status answers 200, so it should
+// write one. A nil h keeps the default.
 func WithDeniedHandler(h http.Handler) Option {
 	return optionFunc(func(c *config) { c.denied = h })
 }
@@ -245,8 +252,10 @@ func WithDeniedHandler(h http.Handler) Option {
 // when Redis could not decide under ratelimit.FailClosed (the error wraps
 // ratelimit.ErrUnavailable) or the request's context ended, and 500, logging
 // the error through log/slog, for any other error: invalid input, which is a
-// bug in the configuration (an invalid limit, an empty identity, a cost
-// below 1). FromContext gives it the Result; under FailClosed it is Degraded.
+// bug in the configuration (an invalid limit from WithLimitFunc, a cost
+// below 1 from WithCost). FromContext gives it the Result; under FailClosed it is Degraded,
+// and the response already carries X-RateLimit-Limit and RateLimit-Policy.
+// A nil fn keeps the default.
 func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = fn })
 }
