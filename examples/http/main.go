@@ -109,14 +109,17 @@ func main() {
 	}
 }
 
-// hello answers with the caller's tier and what the limiter decided.
+// hello answers with the caller's tier and, when Redis decided, what is left
+// of its quota. A Degraded Result (Redis down, FailOpen) has no real count,
+// so, as the middleware's headers do, it reports none rather than a made-up
+// one.
 func hello(w http.ResponseWriter, r *http.Request) {
 	tier := "free"
 	if paidKeys[r.Header.Get("X-API-Key")] {
 		tier = "paid"
 	}
 	body := map[string]any{"message": "hello", "tier": tier}
-	if res, ok := httplimit.FromContext(r.Context()); ok {
+	if res, ok := httplimit.FromContext(r.Context()); ok && !res.Degraded {
 		body["remaining"] = res.Remaining
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -125,18 +128,19 @@ func hello(w http.ResponseWriter, r *http.Request) {
 
 // connect returns a client of the Redis at REDIS_ADDR, or of an embedded
 // miniredis when it is unset, a description of which, and a function that
-// closes both. miniredis keeps expired windows until it stops (it does not
-// run TTLs on the wall clock), which a demo can afford.
+// closes both. ContextTimeoutEnabled lets the client stop at the deadline
+// the Limiter gives each decision. miniredis keeps expired windows until it
+// stops (it does not run TTLs on the wall clock), which a demo can afford.
 func connect() (redis.UniversalClient, string, func()) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		client := redis.NewClient(&redis.Options{Addr: addr})
+		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		return client, "Redis at " + addr, func() { _ = client.Close() }
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		log.Fatalf("miniredis: %v", err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	return client, "an embedded miniredis (set REDIS_ADDR for a real Redis)", func() {
 		_ = client.Close()
 		mr.Close()

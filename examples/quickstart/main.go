@@ -61,17 +61,18 @@ func main() {
 }
 
 // connect returns a client of the Redis at REDIS_ADDR, or of a miniredis
-// started here, with a word on which it is.
+// started here, with a word on which it is. ContextTimeoutEnabled lets the
+// client stop at the deadline the Limiter gives each decision.
 func connect() (redis.UniversalClient, string, func()) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		client := redis.NewClient(&redis.Options{Addr: addr})
+		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		return client, "Redis at " + addr, func() { _ = client.Close() }
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		log.Fatalf("start miniredis: %v", err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	return client, "an embedded miniredis (set REDIS_ADDR to use a real Redis)", func() {
 		_ = client.Close()
 		mr.Close()
