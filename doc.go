@@ -2,9 +2,9 @@
 // of application servers that share one Redis, with the sliding window
 // counter algorithm.
 //
-// For each client id and limit, Redis holds two integers: the requests
-// counted in the current window and in the previous one. A request is
-// allowed when
+// For each client id and window length, Redis holds two integers: the
+// requests counted in the current window and in the previous one. A request
+// is allowed when
 //
 //	current + floor(previous × (window - elapsed) / window) + cost <= rate
 //
@@ -14,12 +14,31 @@
 // round trip, so concurrent servers can never admit more than the limit
 // between them. A Result reports the estimate, the remaining quota, and
 // exact waits until a retry would pass and until the count is back to 0.
+// Limits with the same window on one id share one count; give separate
+// budgets separate ids.
 //
 // When Redis fails, a FailurePolicy decides (FailOpen by default) within a
 // bounded time (WithTimeout), and the error goes to an error handler.
 //
-//	limiter := ratelimit.New(redisClient)
+//	client := redis.NewClient(&redis.Options{
+//		Addr:                  "localhost:6379",
+//		ContextTimeoutEnabled: true,
+//		DialTimeout:           300 * time.Millisecond,
+//	})
+//	limiter := ratelimit.New(client)
 //	res, err := limiter.Allow(ctx, "user-42", ratelimit.PerMinute(100))
 //	if err != nil { ... }
 //	if !res.Allowed { ... answer 429, retry after res.RetryAfter ... }
+//
+// Of the go-redis client's options, three matter here. ContextTimeoutEnabled:
+// true lets the client stop at the deadline each decision carries, with no
+// goroutine left waiting on a dead server. A short DialTimeout (go-redis's
+// default is 5s) bounds a connection attempt to a server that is gone.
+// MaxRetries can be anything: the script is sent as a command go-redis never
+// retries, so a lost reply is never a second count.
+//
+// For HTTP services, package
+// [github.com/slidingwindow/ratelimit/httplimit] puts a Limiter in front of
+// any net/http handler, with the rate-limit headers, client-IP rules and
+// 429/503 answers.
 package ratelimit
