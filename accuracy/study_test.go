@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// smallConfig is a study small enough for a test: 100 per 6 s, 20 windows.
+func smallConfig() config {
+	return config{Rate: 100, Window: 6000, Windows: 20, Clients: 3, Attackers: 2, Seed: 7}
+}
+
+func outcomeOf(t *testing.T, tr traceResult, algo string) outcome {
+	t.Helper()
+	for _, o := range tr.outcomes {
+		if o.algo == algo {
+			return o
+		}
+	}
+	t.Fatalf("no outcome of %s on %s", algo, tr.name)
+	return outcome{}
+}
+
+// TestBounds checks on every trace what holds by construction: the exact
+// log and strict mode never put more than R in a span of W, the exact log
+// wrongly decides nothing, and nothing puts more than 2R in a span of W
+// (each span meets at most two fixed windows; GCRA's bucket holds R and
+// refills R per W).
+func TestBounds(t *testing.T) {
+	c := smallConfig()
+	s := runStudy(c)
+	for _, tr := range s.traces {
+		t.Run(tr.name, func(t *testing.T) {
+			if len(tr.reqs) == 0 {
+				t.Fatal("empty trace")
+			}
+			exact := outcomeOf(t, tr, "exact log")
+			if exact.worst > c.Rate || exact.wrongAllow != 0 || exact.wrongDeny != 0 || exact.rateError != 0 {
+				t.Errorf("exact log: %+v", exact)
+			}
+			if strict := outcomeOf(t, tr, "strict (k=10)"); strict.worst > c.Rate || strict.wrongAllow != 0 {
+				t.Errorf("strict: %+v", strict)
+			}
+			for _, o := range tr.outcomes {
+				if o.worst > 2*c.Rate {
+					t.Errorf("%s: %d in a span of W, over 2R", o.algo, o.worst)
+				}
+			}
+		})
+	}
+}
+
+// TestBoundaryAttack checks the attacks do what the report says: the fixed
+// window lets the boundary attacker put nearly 2R in a span of W, the
+// sliding window lets the precise attacker through every time with 2R, and
+// count-denied shuts the boundary attacker out after its first R.
+func TestBoundaryAttack(t *testing.T) {
+	c := smallConfig()
+	s := runStudy(c)
+	bnd, precise := s.trace("boundary attacker"), s.trace("precise attacker")
+
+	if fixed := outcomeOf(t, *bnd, "fixed window"); fixed.worst < 19*c.Rate/10 {
+		t.Errorf("fixed window on the boundary attacker: %d in a span of W, want nearly 2R", fixed.worst)
+	}
+	if denied := outcomeOf(t, *bnd, "count-denied"); denied.worst > c.Rate {
+		t.Errorf("count-denied on the boundary attacker: %d in a span of W, want at most R", denied.worst)
+	}
+	sliding := outcomeOf(t, *precise, "sliding (this library)")
+	if sliding.admitted != sliding.requests || sliding.worst != 2*c.Rate {
+		t.Errorf("sliding on the precise attacker: admitted %d of %d, %d in a span of W; want all and 2R",
+			sliding.admitted, sliding.requests, sliding.worst)
+	}
+}
+
+// TestDeciders checks each algorithm's rule on a few hand-made requests.
+func TestDeciders(t *testing.T) {
+	lim := limit{rate: 3, w: 100}
+	for _, tc := range []struct {
+		algo string
+		reqs []int64 // ms of cost-1 requests
+		want string  // A allowed, d denied
+	}{
+		{"exact log", []int64{0, 50, 99, 99, 100, 149, 150}, "AAAdAdA"},
+		{"fixed window", []int64{0, 50, 99, 99, 100, 101, 102, 103}, "AAAdAAAd"},
+		// Window 1 weighs window 0's 3 by floor(3×(100-e)/100): 3 at e=0,
+		// 2 from e=1, 1 from e=34.
+		{"sliding (this library)", []int64{10, 20, 30, 100, 101, 133, 134, 134}, "AAAdAdAd"},
+		// The same, but the denials at 100, 101 and 134 fill window 1, which
+		// then weighs on window 2 as the previous count.
+		{"count-denied", []int64{10, 20, 30, 100, 101, 134, 250, 260, 300, 301, 302}, "AAAdddAAAAd"},
+		// Burst 3 at once, then one per emission interval of 100/3 ms.
+		{"GCRA (redis_rate)", []int64{0, 0, 0, 0, 33, 34, 66, 67}, "AAAddAdA"},
+		// Sub-windows of 10 ms: the request at 9 counts until 110.
+		{"strict (k=10)", []int64{9, 9, 9, 100, 109, 110}, "AAAddA"},
+	} {
+		t.Run(tc.algo, func(t *testing.T) {
+			d := algorithmNamed(tc.algo).new(lim)
+			var got []byte
+			for _, ms := range tc.reqs {
+				if d.allow(ms, 1) {
+					got = append(got, 'A')
+				} else {
+					got = append(got, 'd')
+				}
+			}
+			if string(got) != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestCountDeniedCap checks a client denied without end keeps a count that
+// fits the script's arithmetic: below 2^53/W.
+func TestCountDeniedCap(t *testing.T) {
+	d := algorithmNamed("count-denied").new(limit{rate: 1, w: 1 << 20}).(*sliding)
+	d.allow(0, 1)
+	for range 4 {
+		d.allow(1, 1<<31)
+	}
+	if want := int64(1<<53-1) / d.w; d.cur != want {
+		t.Errorf("count %d, want the cap %d", d.cur, want)
+	}
+	if d.cur*d.w >= 1<<53 {
+		t.Errorf("count %d × window %d reaches 2^53", d.cur, d.w)
+	}
+}
+
+// TestDeterministic checks one seed gives one report and one figure, and
+// another seed other traces.
+func TestDeterministic(t *testing.T) {
+	c := smallConfig()
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	for i, dir := range dirs {
+		cfg := c
+		if i == 2 {
+			cfg.Seed++
+		}
+		if err := write(dir, runStudy(cfg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(dir, name string) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, name := range []string{"accuracy.md", "accuracy.svg"} {
+		if !bytes.Equal(read(dirs[0], name), read(dirs[1], name)) {
+			t.Errorf("%s differs between two runs of one seed", name)
+		}
+	}
+	if bytes.Equal(read(dirs[0], "accuracy.md"), read(dirs[2], "accuracy.md")) {
+		t.Error("accuracy.md is the same for two seeds")
+	}
+}
+
+// TestChartIsXML checks the figure is well-formed XML with a line per panel.
+func TestChartIsXML(t *testing.T) {
+	c := smallConfig()
+	svg, err := renderChart(c, runStudy(c).chart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(svg))
+	lines := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not XML: %v", err)
+		}
+		if el, ok := tok.(xml.StartElement); ok && el.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != len(chartAlgorithms) {
+		t.Errorf("%d lines, want %d", lines, len(chartAlgorithms))
+	}
+}
