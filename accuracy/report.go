@@ -136,7 +136,7 @@ func (s *study) writeStrictCost(b *strings.Builder) {
 	p("\nOn these traces strict mode wrongly denies at most %.3f%% of an honest client's requests (%s); ", 100*worst, worstTrace)
 	p("a client far from its limit loses nothing. It never wrongly allows one.\n\n")
 	p("Its memory: k+1 = %d counts per active client where the sliding window keeps 2. ", window.SubWindows+1)
-	p("Kept as keys like the sliding window's (133 bytes per key in the README's measurement), that is about %s bytes per client against 266, ",
+	p("Kept as keys like the sliding window's (133 bytes per key as bench/README.md measures them), that is about %s bytes per client against 266, ",
 		num(133*(window.SubWindows+1)))
 	p("and every decision reads %d counts rather than 2.\n\n", window.SubWindows+1)
 }
