@@ -155,8 +155,9 @@ func (s *study) writeChoice(b *strings.Builder) {
 	p("## Which mode to pick\n\n")
 	p("| mode | pick it for | most in any W | what it costs |\n")
 	p("|---|---|---|---|\n")
-	p("| sliding (the default) | API quotas and fair use, where a rare overshoot is harmless | %s on honest traffic (steady 95%%); %s against the precise attacker, who is never denied | 2 counts per client; on honest traffic it wrongly allows %s and wrongly denies %s of requests (steady 95%%) |\n",
-		times(steady.outcomes[iSliding].worst, c.Rate), times(precise.outcomes[iSliding].worst, c.Rate),
+	onOff := s.trace("on/off")
+	p("| sliding (the default) | API quotas and fair use, where a rare overshoot is harmless | %s for steady clients near the limit (steady 95%%), %s for bursty ones (on/off); %s against the precise attacker, who is never denied | 2 counts per client; on honest traffic it wrongly allows %s and wrongly denies %s of requests (steady 95%%) |\n",
+		times(steady.outcomes[iSliding].worst, c.Rate), times(onOff.outcomes[iSliding].worst, c.Rate), times(precise.outcomes[iSliding].worst, c.Rate),
 		pct(steady.outcomes[iSliding].wrongAllow, steady.outcomes[iSliding].requests),
 		pct(steady.outcomes[iSliding].wrongDeny, steady.outcomes[iSliding].requests))
 	p("| strict | logins, one-time codes, password resets: a hard bound must hold | %s, always, by construction | %d counts per client; a steady client passes at most %.1f%% of the limit's rate, and honest clients near the limit are denied sooner (%s of requests wrongly denied, steady 95%%) |\n",
