@@ -2,91 +2,97 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"sync"
 )
 
-// batcher decides concurrent requests together: while script calls are in
-// flight (at most maxInFlight), the requests that arrive wait, then go in the
-// next call, as many as maxBatch. Redis spends most of a script call's time on invoking the
-// script, not on the few reads and writes inside it, so one call for many
-// requests is most of the gain; the round trips saved are the rest.
+// batcher decides concurrent decisions together: while script calls are in
+// flight (at most maxInFlight), the decisions that arrive wait, then go in
+// the next call, as many requests as maxBatch. Redis spends most of a script
+// call's time on invoking the script, not on the few reads and writes inside
+// it, so one call for many requests is most of the gain; the round trips
+// saved are the rest.
 //
-// At rest there is no goroutine and no wait: a request that finds room for a
-// call and no one waiting is sent at once, alone. When a call returns and requests are
-// waiting, a goroutine sends them, and the next batch after that, and ends
-// when none is waiting.
+// At rest there is no goroutine and no wait: a decision that finds room for
+// a call and no one waiting is sent at once, alone, on its caller's
+// goroutine. When a call returns and decisions are waiting, a goroutine
+// sends them, and the next batch after that, and ends when none is waiting.
 //
 // Requests in one call are decided in the order they arrived, each seeing
 // the counts the ones before it wrote, and each call is atomic: the same
-// decisions as if the requests had come one at a time, in some order. All keys of a call must be on one
-// server, so batching is for a single Redis (or a failover client's
-// master), never a Redis Cluster.
+// decisions as if the requests had come one at a time, in some order. All
+// keys of a call must be on one server, so batching is for a single Redis
+// (or a failover client's master), never a Redis Cluster.
 type batcher struct {
 	l        *Limiter
 	maxBatch int
 
 	mu      sync.Mutex
 	sending int        // calls in flight, at most maxInFlight
-	queue   []*pending // requests waiting for the next call
+	queue   []*pending // decisions waiting for the next call
+	waiting int        // requests in queue
 }
 
 // maxInFlight calls may be in flight at once, so that Redis runs one while
 // the client hands out the results of another and gathers the next.
 const maxInFlight = 2
 
-// pending is one request waiting for its batch; done receives once, when
-// its outcome is set.
+// pending is one decision waiting for its batch; done receives once, when
+// its requests are decided or their call failed.
 type pending struct {
-	req     request
-	done    chan struct{}
-	allowed bool
-	counts  counts
-	err     error
+	reqs []*request
+	done chan error
 }
 
-// decide adds req to a batch and returns its outcome, or ctx's error if ctx
-// is done first; the request may then still be decided, and counted, by the
-// batch it is in.
-func (b *batcher) decide(ctx context.Context, req request) (bool, counts, error) {
-	p := &pending{req: req, done: make(chan struct{}, 1)}
+// decide sends reqs, one decision's requests, in a batch and returns when
+// they are decided, or with ctx's error if ctx is done first; they may then
+// still be decided, and counted, by the call they are in.
+func (b *batcher) decide(ctx context.Context, reqs []*request) error {
 	b.mu.Lock()
-	if b.sending < maxInFlight && len(b.queue) == 0 && b.l.ctxAware {
+	if b.sending < maxInFlight && len(b.queue) == 0 {
 		// Room for a call and no one waiting: send at once on this
-		// goroutine; ctx bounds it.
+		// goroutine; the Limiter's deadline bounds it.
 		b.sending++
 		b.mu.Unlock()
-		b.send(ctx, []*pending{p})
+		err := b.l.exchange(ctx, reqs)
 		b.next()
-		return p.allowed, p.counts, p.err
+		return err
 	}
+	p := &pending{reqs: reqs, done: make(chan error, 1)}
 	b.queue = append(b.queue, p)
+	b.waiting += len(reqs)
 	if b.sending < maxInFlight {
 		b.sending++
 		go b.flush(b.take())
 	}
 	b.mu.Unlock()
+	ctx, cancel := b.l.deadline(ctx)
+	defer cancel()
 	select {
-	case <-p.done:
-		return p.allowed, p.counts, p.err
+	case err := <-p.done:
+		return err
 	case <-ctx.Done():
-		return false, counts{}, ctx.Err()
+		return ctx.Err()
 	}
 }
 
-// take removes up to maxBatch waiting requests from the queue; b.mu is held.
+// take removes waiting decisions from the queue, up to maxBatch requests
+// (at least one decision); b.mu is held.
 func (b *batcher) take() []*pending {
-	n := min(len(b.queue), b.maxBatch)
+	n, reqs := 0, 0
+	for n < len(b.queue) && (n == 0 || reqs+len(b.queue[n].reqs) <= b.maxBatch) {
+		reqs += len(b.queue[n].reqs)
+		n++
+	}
 	batch := b.queue[:n:n]
 	b.queue = b.queue[n:]
+	b.waiting -= reqs
 	if len(b.queue) == 0 {
 		b.queue = nil // let the backing array go
 	}
 	return batch
 }
 
-// next starts a goroutine for the requests that came while a call was in
+// next starts a goroutine for the decisions that came while a call was in
 // flight, or marks that nothing is in flight.
 func (b *batcher) next() {
 	b.mu.Lock()
@@ -102,10 +108,16 @@ func (b *batcher) next() {
 // does. Its calls are bounded by the Limiter's timeout alone: no caller's
 // ctx can cancel a call that carries other callers' requests.
 func (b *batcher) flush(batch []*pending) {
+	var reqs []*request
 	for {
-		ctx, cancel := b.l.deadline(context.Background())
-		b.send(ctx, batch)
-		cancel()
+		reqs = reqs[:0]
+		for _, p := range batch {
+			reqs = append(reqs, p.reqs...)
+		}
+		err := b.l.exchange(context.Background(), reqs)
+		for _, p := range batch {
+			p.done <- err
+		}
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.sending--
@@ -114,30 +126,5 @@ func (b *batcher) flush(batch []*pending) {
 		}
 		batch = b.take()
 		b.mu.Unlock()
-	}
-}
-
-// send runs one script call for batch and hands each request its outcome.
-func (b *batcher) send(ctx context.Context, batch []*pending) {
-	args := make([]any, 0, 3+7*len(batch))
-	args = append(args, "evalsha", shaArg, strconv.Itoa(2*len(batch)))
-	for _, p := range batch {
-		args = append(args, &p.req.cur, &p.req.prev)
-	}
-	for _, p := range batch {
-		r := &p.req
-		args = append(args, &r.cost, "1", &r.rate, &r.window, &r.left)
-	}
-	vals, err := eval(ctx, b.l.client, args)
-	if err == nil && len(vals) != 3*len(batch) {
-		err = fmt.Errorf("%w: %d values for %d requests, want %d", ErrBadReply, len(vals), len(batch), 3*len(batch))
-	}
-	for i, p := range batch {
-		if err != nil {
-			p.err = err
-		} else {
-			p.allowed, p.counts, p.err = decode(vals[3*i : 3*i+3])
-		}
-		p.done <- struct{}{}
 	}
 }

@@ -1,9 +1,15 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // ErrCircuitOpen is wrapped by the error a decision meets while the circuit
@@ -87,4 +93,37 @@ func (b *breaker) abandon(probe bool) {
 	if probe {
 		b.state.CompareAndSwap(probing, open)
 	}
+}
+
+// unavailableReplies are the prefixes of the Redis errors that say the
+// server cannot serve at all right now, whatever the keys: loading its data,
+// busy with a script, a replica, without a master, a cluster that is down or
+// resharding, out of memory, unable to persist, or full of clients.
+var unavailableReplies = []string{
+	"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
+	"NOREPLICAS", "OOM", "MISCONF", "max number of clients reached",
+}
+
+// unavailable reports whether err says Redis itself could not serve, so that
+// the circuit breaker counts it: a timeout, a connection that could not be
+// made or was lost, a closed client or exhausted pool, or one of
+// unavailableReplies. A reply of the wrong shape, or a script error caused
+// by one id's data, says Redis is up: it does not count.
+func unavailable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted):
+		return true
+	case errors.Is(err, ErrBadReply):
+		return false
+	}
+	for _, prefix := range unavailableReplies {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
 }

@@ -1,6 +1,6 @@
 package ratelimit
 
-// denyCache remembers, per id and window length, the counts Redis last
+// denyCache remembers, per id and limit window, the counts Redis last
 // reported for a client that Redis denied, so that the same client's next
 // requests can be denied without a round trip.
 //
@@ -9,7 +9,8 @@ package ratelimit
 // saw are lower bounds of the counts now, and an estimate made from them is
 // a lower bound of the estimate Redis would make. A request that the lower
 // bound already denies, Redis would deny too. A request it would allow goes
-// to Redis, whose answer refreshes the entry.
+// to Redis, whose answer refreshes the entry. The Results of a local denial
+// are derived from those lower bounds.
 type denyCache struct {
 	table *windowTable
 }
@@ -21,33 +22,63 @@ func newDenyCache(maxEntries int) *denyCache {
 	return &denyCache{table: newWindowTable(maxEntries)}
 }
 
-// deny returns the Result of denying a request of cost n locally, and true,
-// when the counts cached for id already deny it.
-func (c *denyCache) deny(id string, limit Limit, pos position, n int64) (Result, bool) {
-	e, ok := c.table.get(id, pos.w)
-	if !ok {
-		return Result{}, false
+// deny reports whether the counts cached for id already deny decision d,
+// and if so fills its spans with them (zero where nothing is cached: a lower
+// bound too) and marks its requests denied. A decision with a Shadow limit
+// always goes to Redis, which counts the shadow limit when it alone admits
+// the request.
+func (c *denyCache) deny(id string, d *decision) bool {
+	if len(d.reqs) != 1 {
+		return false
 	}
-	seen, ok := e.at(pos.i)
-	if !ok || pos.estimate(seen) <= limit.Rate-n {
-		return Result{}, false
+	r := d.reqs[0]
+	denied := false
+	for i := range r.spans {
+		s := &r.spans[i]
+		if s.limit.Shadow {
+			return false
+		}
+		e, ok := c.table.get(id, s.pos)
+		if !ok {
+			continue
+		}
+		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.limit.Rate-r.cost {
+			denied = true
+		}
 	}
-	return result(limit, pos, seen, false, n), true
+	if !denied {
+		return false
+	}
+	for i := range r.spans {
+		s := &r.spans[i]
+		s.seen = counts{}
+		if e, ok := c.table.get(id, s.pos); ok {
+			s.seen, _ = e.at(s.pos)
+		}
+	}
+	r.allowed = false
+	return true
 }
 
-// record keeps what Redis reported for a decision: always when it denied,
+// record keeps what Redis reported for decision d: always when it denied,
 // and to refresh an entry already cached when it allowed.
-func (c *denyCache) record(id string, pos position, seen counts, allowed bool, n int64) {
+func (c *denyCache) record(id string, d *decision) {
 	if len(id) > maxCachedID {
 		return
 	}
-	if allowed {
-		seen.cur += n
+	for _, r := range d.reqs {
+		for i := range r.spans {
+			s := &r.spans[i]
+			seen := s.seen
+			if r.allowed {
+				seen[0] += r.cost
+			}
+			c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
+				return windowEntry{i: s.pos.i, counts: seen}, cached || !r.allowed
+			})
+		}
 	}
-	c.table.update(id, pos.w, func(_ windowEntry, cached bool) (windowEntry, bool) {
-		return windowEntry{i: pos.i, counts: seen}, cached || !allowed
-	})
 }
 
-// forget drops what is cached for id and window length w.
-func (c *denyCache) forget(id string, w int64) { c.table.delete(id, w) }
+// forget drops what is cached for id and the limit placed at p.
+func (c *denyCache) forget(id string, p position) { c.table.delete(id, p) }

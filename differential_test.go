@@ -72,7 +72,8 @@ func (m *model) allowN(id string, limit ratelimit.Limit, t, n int64) ratelimit.R
 	return r
 }
 
-// peek is what a cost-1 request would get, with Count the estimate as it is.
+// peek is what a cost-1 request would get, with Count the estimate as it is
+// and ResetAfter the wait until that estimate is 0.
 func (m *model) peek(id string, limit ratelimit.Limit, t int64) ratelimit.Result {
 	w := limit.Window.Milliseconds()
 	k := windowKey{id, w, floorDiv(t, w)}
@@ -85,6 +86,7 @@ func (m *model) peek(id string, limit ratelimit.Limit, t int64) ratelimit.Result
 	}
 	r.Count = m.estimate(id, w, t)
 	r.Remaining = max(0, limit.Rate-r.Count)
+	r.ResetAfter = firstAt(t, w, func(t int64) bool { return m.estimate(id, w, t) == 0 })
 	return r
 }
 

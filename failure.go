@@ -8,22 +8,31 @@ import (
 	"time"
 )
 
-// fail turns an error from Redis into a decision by the failure policy, for
-// a request of cost n (0 for a Peek). A ctx that the caller let end is not a
-// Redis failure: its error comes back as it is, with no decision and no call
-// to the error handler.
-func (l *Limiter) fail(ctx context.Context, id string, limit Limit, pos position, n int64, err error) (Result, error) {
-	if ctx.Err() != nil {
-		return Result{Limit: limit}, ctx.Err()
-	}
-	l.onError(ctx, id, err)
+// fail turns an error from Redis into a decision by the failure policy:
+// every limit of the decision alike.
+func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Duration, redisErr error) error {
+	l.onError(ctx, id, redisErr)
+	var err error
 	switch l.policy {
 	case FailClosed:
-		return Result{Limit: limit, Degraded: true}, fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, err)
+		d.allowed = false
+		err = fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, redisErr)
 	case FailLocal:
-		return l.local.decide(id, limit, pos, n), nil
+		l.local.decide(id, d)
+	default:
+		d.allowed = true
 	}
-	return Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}, nil
+	for i := range d.results {
+		r := &d.results[i]
+		if l.policy != FailLocal {
+			*r = Result{Allowed: d.allowed, Limit: r.Limit}
+			if d.allowed {
+				r.Remaining = r.Limit.Rate
+			}
+		}
+		r.Degraded = true
+	}
+	return l.finish(ctx, d, id, SourcePolicy, took, redisErr, err)
 }
 
 // logEvery is how often, at most, the default error handler logs.

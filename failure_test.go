@@ -137,10 +137,11 @@ func TestBadReplies(t *testing.T) {
 		want   error  // what the error handler's error wraps, if known
 		says   string // what its message contains
 	}{
-		{name: "not a number stored", stored: "abc"}, // a script error; its wording differs between servers
-		{name: "negative count stored", stored: "-5", want: ratelimit.ErrBadReply, says: "negative count"},
+		{name: "not a number stored", stored: "abc", want: ratelimit.ErrBadReply, says: "holds no count"},
+		{name: "negative count stored", stored: "-5", want: ratelimit.ErrBadReply, says: "holds no count"},
+		{name: "fraction stored", stored: "1.5", want: ratelimit.ErrBadReply, says: "holds no count"},
 		{name: "status, not a list", reply: "+OK\r\n", want: ratelimit.ErrBadReply},
-		{name: "list too short", reply: "*1\r\n:1\r\n", want: ratelimit.ErrBadReply, says: "1 values, want 3"},
+		{name: "list too short", reply: "*1\r\n:1\r\n", want: ratelimit.ErrBadReply, says: "1 values for 1 requests, want 3"},
 		{name: "list too long", reply: "*4\r\n:1\r\n:0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},
 		{name: "list of words", reply: "*3\r\n$3\r\nyes\r\n$2\r\nno\r\n$5\r\nmaybe\r\n", want: ratelimit.ErrBadReply},
 		{name: "nested list", reply: "*3\r\n*0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},

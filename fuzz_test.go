@@ -67,7 +67,11 @@ func FuzzKeys(f *testing.F) {
 		if id == "" || id2 == "" || w < 1 || i == math.MinInt64 {
 			t.Skip("not a decision's input: ids are non-empty, windows at least 1ms, and the index has a previous one")
 		}
-		cur, prev := New(client, WithPrefix(prefix)).keyPair(id, w, i)
+		if len(id) > MaxIDLength || len(id2) > MaxIDLength {
+			t.Skip("ids longer than MaxIDLength are keyed by a digest: TestLongIDKeys")
+		}
+		keys := New(client, WithPrefix(prefix)).appendKeys(nil, id, position{w: w, i: i})
+		cur, prev := keys[0], keys[1]
 
 		head := fuzzEscape.Replace(prefix) + ":{" + fuzzEscape.Replace(id) + "}:" + strconv.FormatInt(w, 10) + ":"
 		if want := head + strconv.FormatInt(i, 10); cur != want {
@@ -87,14 +91,14 @@ func FuzzKeys(f *testing.F) {
 			t.Fatalf("keys %q and %q have tags %q and %q: two slots", cur, prev, tag, prevTag)
 		}
 
-		other, _ := New(client, WithPrefix(prefix2)).keyPair(id2, w, i)
+		other := New(client, WithPrefix(prefix2)).appendKeys(nil, id2, position{w: w, i: i})[0]
 		if same := id == id2 && prefix == prefix2; same != (cur == other) {
 			t.Fatalf("(%q, %q) and (%q, %q): keys %q and %q", prefix, id, prefix2, id2, cur, other)
 		}
 	})
 }
 
-// FuzzDecode checks the one function that judges the script's counts: any
+// FuzzDecode checks the one function that judges the script's reply: any
 // three integers give a decision or ErrBadReply, never a panic, and a
 // decision only for a flag of 0 or 1 and counts that are not negative.
 func FuzzDecode(f *testing.F) {
@@ -103,16 +107,24 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int64(7), int64(0), int64(0))
 	f.Add(int64(1), int64(-1), int64(0))
 	f.Add(int64(-1), int64(math.MaxInt64), int64(math.MinInt64))
+	limit := Limit{Rate: math.MaxInt64 / 1000, Window: time.Second}
 	f.Fuzz(func(t *testing.T, flag, cur, prev int64) {
-		allowed, c, err := decode([]int64{flag, cur, prev})
-		valid := (flag == 0 || flag == 1) && cur >= 0 && prev >= 0
+		r := &request{cost: 1, nlimits: 1, keys: []string{"a", "b"}, spans: []span{newSpan(0, limit, 0)}}
+		err := decodeReply([]int64{flag, cur, prev}, []*request{r})
+		if err != nil {
+			t.Fatalf("decodeReply of three values: %v", err)
+		}
+		valid := (flag == 0 || flag == 1) && cur >= 0 && prev >= 0 && (flag == 0 || cur <= limit.Rate-1-prev)
 		switch {
-		case valid && err != nil:
-			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, err)
-		case !valid && !errors.Is(err, ErrBadReply):
-			t.Fatalf("decode(%d, %d, %d) = %v, %+v, %v; want ErrBadReply", flag, cur, prev, allowed, c, err)
-		case valid && (allowed != (flag == 1) || c != counts{cur: cur, prev: prev}):
-			t.Fatalf("decode(%d, %d, %d) = %v, %+v", flag, cur, prev, allowed, c)
+		case valid && r.err != nil:
+			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, r.err)
+		case !valid && !errors.Is(r.err, ErrBadReply):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v, %v; want ErrBadReply", flag, cur, prev, r.allowed, r.spans[0].seen, r.err)
+		case valid && (r.allowed != (flag == 1) || r.spans[0].seen != counts{cur, prev}):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v", flag, cur, prev, r.allowed, r.spans[0].seen)
+		}
+		if err := decodeReply([]int64{flag, cur}, []*request{r}); !errors.Is(err, ErrBadReply) {
+			t.Fatalf("a reply of two values: %v, want ErrBadReply", err)
 		}
 	})
 }

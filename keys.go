@@ -1,16 +1,18 @@
 package ratelimit
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 )
 
-// maxProduct bounds Rate × Window (in milliseconds). The script weighs the
-// previous window's count in Lua numbers (IEEE doubles), and every integer
-// product up to 2^53 is exact there; beyond it the estimate could be off by one.
-const maxProduct = 1 << 53
+// MaxIDLength is the longest id kept as it is in keys. A longer id (an id
+// often comes from a client: a header, a user name) is keyed by its SHA-256
+// digest instead, so that what an id costs in Redis is bounded whatever its
+// length.
+const MaxIDLength = 1024
 
 // validate reports what is wrong with one decision's input, before Redis is
 // consulted. n is the cost; Peek passes 1.
@@ -27,51 +29,64 @@ func validate(id string, limit Limit, n int64) error {
 	return nil
 }
 
-// Validate reports what makes l unusable, as every method of a Limiter would:
-// a Rate below 1, a Window below 1ms or not a whole number of milliseconds,
-// or a Rate × Window (in ms) above 2^53. The error wraps ErrInvalidLimit.
-// Check limits from configuration with it at start-up.
-func (l Limit) Validate() error {
-	if l.Rate < 1 {
-		return fmt.Errorf("%w: rate %d is below 1", ErrInvalidLimit, l.Rate)
-	}
-	if l.Window < time.Millisecond {
-		return fmt.Errorf("%w: window %v is shorter than 1ms", ErrInvalidLimit, l.Window)
-	}
-	if l.Window%time.Millisecond != 0 {
-		return fmt.Errorf("%w: window %v is not a whole number of milliseconds", ErrInvalidLimit, l.Window)
-	}
-	if w := l.Window.Milliseconds(); l.Rate > maxProduct/w {
-		return fmt.Errorf("%w: rate %d per %v is too large (rate × window in ms must not exceed 2^53; at most %d per %v)",
-			ErrInvalidLimit, l.Rate, l.Window, maxProduct/w, l.Window)
-	}
-	return nil
-}
-
-// keyPair returns the keys of window i and window i-1 for one id and window
-// length w (in milliseconds):
+// appendKeys appends the keys a limit reads at position p for id, current
+// window first. A sliding limit reads windows i and i-1:
 //
-//	<prefix>:{<id>}:<w>:<i>
+//	<prefix>:{<id>}:<window in ms>:<i>
+//
+// A strict limit reads sub-windows j down to j-subs:
+//
+//	<prefix>:{<id>}:<window in ms>/<subs>:<j>
 //
 // The id is escaped so that the hash tag is exactly the id and never empty:
-// both keys then hash to one Redis Cluster slot, and different ids never share
-// a key. The two keys are slices of one string: one allocation.
-func (l *Limiter) keyPair(id string, w, i int64) (cur, prev string) {
+// all keys of a decision hash to one Redis Cluster slot, and different ids
+// never share a key. An id longer than MaxIDLength is replaced by "%H" and
+// the hex of its SHA-256, which no escaped id can spell. The keys are slices
+// of one string: one allocation.
+func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	var num [20]byte
+	var digest [2 + 2*sha256.Size]byte
+	if len(id) > MaxIDLength {
+		sum := sha256.Sum256([]byte(id))
+		digest[0], digest[1] = '%', 'H'
+		hex.Encode(digest[2:], sum[:])
+		id = "" // written from digest below
+	}
+	window := p.w
+	if p.subs != 0 {
+		window *= p.subs
+	}
+	n := p.keys()
 	var b strings.Builder
-	head := len(l.keyPrefix) + escapedLen(id) + len("}:") + len(strconv.AppendInt(num[:0], w, 10)) + len(":")
-	b.Grow(2*head + 2*len(num))
+	b.Grow(n * (len(l.keyPrefix) + escapedLen(id) + len(digest) + 2*len(num) + 4))
 	b.WriteString(l.keyPrefix)
-	writeEscaped(&b, id)
+	if id == "" {
+		b.Write(digest[:])
+	} else {
+		writeEscaped(&b, id)
+	}
 	b.WriteString("}:")
-	b.Write(strconv.AppendInt(num[:0], w, 10))
+	b.Write(strconv.AppendInt(num[:0], window, 10))
+	if p.subs != 0 {
+		b.WriteByte('/')
+		b.Write(strconv.AppendInt(num[:0], p.subs, 10))
+	}
 	b.WriteByte(':')
-	b.Write(strconv.AppendInt(num[:0], i, 10))
-	split := b.Len()
-	b.WriteString(b.String()[:head]) // within the capacity grown above: no copy
-	b.Write(strconv.AppendInt(num[:0], i-1, 10))
-	s := b.String()
-	return s[:split], s[split:]
+	head := b.Len()
+	ends := make([]int, 0, 1+int(StrictSubWindows))
+	for k := range n {
+		if k > 0 {
+			b.WriteString(b.String()[:head]) // within the capacity grown above: no copy
+		}
+		b.Write(strconv.AppendInt(num[:0], p.i-int64(k), 10))
+		ends = append(ends, b.Len())
+	}
+	s, start := b.String(), 0
+	for _, end := range ends {
+		dst = append(dst, s[start:end])
+		start = end
+	}
+	return dst
 }
 
 // keyPrefixFor returns the fixed start of every key: the prefix, with braces

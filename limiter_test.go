@@ -420,20 +420,21 @@ func testPeekWritesNothing(t *testing.T, e env) {
 	for range 3 {
 		res, err := l.Peek(ctx, "id", limit)
 		require.NoError(t, err)
-		// 4 + floor(5 × 600/1000) = 7. A request would make the current
-		// count 5, which weighs 0 in the next window once at most 199 ms of
-		// it are left: 2000 - 199 - 400 ms from now.
+		// 4 + floor(5 × 600/1000) = 7, which is 0 once the current count 4
+		// weighs nothing in the next window: when at most 249 ms of it are
+		// left, 2000 - 249 - 400 ms from now.
 		require.Equal(t, ratelimit.Result{
 			Allowed: true, Count: 7, Limit: limit, Remaining: 3,
-			ResetAfter: 1401 * time.Millisecond,
+			ResetAfter: 1351 * time.Millisecond,
 		}, res)
 	}
 	require.Equal(t, int64(4), e.get(t, "id", time.Second, e.windowIndex(time.Second)))
 	require.Len(t, e.keys(t), 2)
 
+	// Empty windows: Count 0 now, so ResetAfter 0 (Result's contract).
 	res, err := l.Peek(ctx, "nobody", limit)
 	require.NoError(t, err)
-	require.Equal(t, ratelimit.Result{Allowed: true, Count: 0, Limit: limit, Remaining: 10, ResetAfter: 601 * time.Millisecond}, res)
+	require.Equal(t, ratelimit.Result{Allowed: true, Count: 0, Limit: limit, Remaining: 10, ResetAfter: 0}, res)
 	require.Zero(t, e.client.Exists(ctx, e.key("nobody", time.Second, e.windowIndex(time.Second))).Val())
 
 	e.set(t, "full", time.Second, 10, 0)

@@ -25,35 +25,51 @@ func newLocalWindows(replicas int) *localWindows {
 
 // share returns the part of limit that this process enforces alone.
 func (w *localWindows) share(limit Limit) Limit {
-	return Limit{Rate: max(1, limit.Rate/w.replicas), Window: limit.Window}
+	limit.Rate = max(1, limit.Rate/w.replicas)
+	return limit
 }
 
-// decide counts a request of cost n (0 looks without counting) against
-// id's share of limit. The Result's Limit is the caller's; Count, Remaining
-// and the waits are of the local share.
-func (w *localWindows) decide(id string, limit Limit, pos position, n int64) Result {
-	share := w.share(limit)
-	var seen counts
-	allowed := false
-	w.table.update(w.key(id), pos.w, func(e windowEntry, ok bool) (windowEntry, bool) {
-		if ok {
-			seen, _ = e.at(pos.i)
+// decide decides d in this process, all or nothing, against each limit's
+// share: it fills d's results (Degraded is left to the caller) and
+// d.allowed. A Shadow limit is counted when its share alone admits the
+// request, and denies nothing. The check and the counting are not one step:
+// concurrent requests of one client may overshoot its share slightly, as
+// befits a fallback.
+func (w *localWindows) decide(id string, d *decision) {
+	key := w.key(id)
+	n := max(d.cost, 1) // a look is asked as for a cost of 1
+	for _, r := range d.reqs {
+		r.allowed = d.cost > 0
+		for i := range r.spans {
+			s := &r.spans[i]
+			s.limit = w.share(s.limit)
+			s.seen = counts{}
+			if e, ok := w.table.get(key, s.pos); ok {
+				s.seen, _ = e.at(s.pos)
+			}
+			if s.pos.estimate(&s.seen)+n > s.limit.Rate {
+				r.allowed = false
+			}
 		}
-		cost := max(n, 1) // a look is asked as for a cost of 1
-		allowed = pos.estimate(seen)+cost <= share.Rate
-		return windowEntry{i: pos.i, counts: counts{cur: seen.cur + n, prev: seen.prev}}, allowed && n > 0
-	})
-	var r Result
-	if n == 0 {
-		r = result(share, pos, seen, allowed, 1)
-		r.Count = pos.estimate(seen)
-		r.Remaining = max(0, share.Rate-r.Count)
-	} else {
-		r = result(share, pos, seen, allowed, n)
+		if !r.allowed {
+			continue
+		}
+		for i := range r.spans {
+			s := &r.spans[i]
+			w.table.update(key, s.pos, func(e windowEntry, ok bool) (windowEntry, bool) {
+				c := counts{}
+				if ok {
+					c, _ = e.at(s.pos)
+				}
+				c[0] += n
+				return windowEntry{i: s.pos.i, counts: c}, true
+			})
+		}
 	}
-	r.Limit = limit
-	r.Degraded = true
-	return r
+	d.derive()
+	for i := range d.results {
+		d.results[i].Limit = d.limits[i]
+	}
 }
 
 // key is the id, or for a longer id than maxCachedID a stand-in of

@@ -60,14 +60,18 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 // config holds what the options set; New fills in the defaults.
 type config struct {
-	prefix   string
-	now      func() time.Time
-	policy   FailurePolicy
-	onError  func(ctx context.Context, id string, err error)
-	timeout  time.Duration // 0 or less: no limiter deadline at all
-	denyMax  int           // entries of the deny cache; 0: no cache
-	batchMax int           // requests per script call; 0: one each
-	replicas int           // application servers sharing the limits, for FailLocal
+	prefix      string
+	now         func() time.Time
+	policy      FailurePolicy
+	onError     func(ctx context.Context, id string, err error)
+	timeout     time.Duration // 0 or less: no limiter deadline at all
+	denyMax     int           // entries of the deny cache; 0: no cache
+	batchMax    int           // requests per script call; 0: one each
+	replicas    int           // application servers sharing the limits, for FailLocal
+	shadow      bool
+	countDenied bool
+	observer    Observer
+	observeIDs  bool
 	// breakerFailures consecutive failures open the circuit breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -81,6 +85,7 @@ func defaultConfig() config {
 		policy:          FailOpen,
 		timeout:         DefaultTimeout,
 		replicas:        1,
+		batchMax:        DefaultBatch,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
 	}
@@ -155,20 +160,62 @@ func WithDenyCache(maxEntries int) Option {
 	return optionFunc(func(c *config) { c.denyMax = max(0, maxEntries) })
 }
 
-// WithBatching lets concurrent decisions share script calls: while calls are
-// in flight (two at most), the requests that arrive wait and then go
-// together, up to maxBatch in one call. Redis spends most of a call on invoking the
-// script, so under concurrent load this multiplies the decisions one Redis
-// can make; a request that finds nothing in flight is sent at once, so a
-// quiet service sees no added latency. Decisions are the same as if the
-// requests of a call had come one at a time in the order they arrived.
+// DefaultBatch is the most requests one script call carries when
+// concurrent decisions are batched, unless WithBatching says otherwise.
+const DefaultBatch = 64
+
+// WithBatching sets how many requests one script call may carry (default
+// DefaultBatch) when concurrent decisions share calls. Batching is on by
+// default wherever all keys of a call reach one server: with a
+// *redis.Client (one server, or a failover client's master). While calls
+// are in flight (two at most), the decisions that arrive wait and then go
+// together. Redis spends most of a call on invoking the script, so under
+// concurrent load this multiplies the decisions one Redis can make; a
+// decision that finds nothing in flight is sent at once on its caller's
+// goroutine, so a quiet service sees no added latency. Decisions are the
+// same as if the requests of a call had come one at a time in the order
+// they arrived.
 //
-// It is off by default, and applies only when the client is a *redis.Client
-// (one server, or a failover client's master): the keys of one call must be
-// on one server, and a Redis Cluster spreads ids over slots. With any other
-// client the option has no effect. maxBatch of 1 or less turns it off.
+// maxBatch of 1 or less turns batching off: every decision is then its own
+// call. With any other client than a *redis.Client the option has no
+// effect.
 func WithBatching(maxBatch int) Option {
 	return optionFunc(func(c *config) { c.batchMax = maxBatch })
+}
+
+// WithShadow puts the whole Limiter in shadow mode: every decision is made
+// and counted exactly as if it were enforced, so that turning shadow mode
+// off changes nothing but the answer, and none denies. A decision that
+// would have denied comes back Allowed with Shadowed set on its Results
+// (and with a nil error under FailClosed: the error handler still gets the
+// Redis error); observers see it with Event.Shadow. For one limit among
+// enforced ones, set Limit.Shadow instead.
+func WithShadow(on bool) Option {
+	return optionFunc(func(c *config) { c.shadow = on })
+}
+
+// WithCountDenied counts denied requests too (Cloudflare's rule): a denied
+// request's cost is added to each limit's current count, up to the limit's
+// Rate. A client that keeps sending above its limit then stays denied until
+// it slows down, rather than getting a request through each time the
+// estimate dips; the price is that a client which retries too fast never
+// gets through. The deny cache is not used in this mode: a request it
+// denied would not be counted.
+func WithCountDenied(on bool) Option {
+	return optionFunc(func(c *config) { c.countDenied = on })
+}
+
+// WithObserver sets an Observer that sees every decision (default none). With
+// none, a decision costs nothing more.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) { c.observer = o })
+}
+
+// WithObserverIDs lets the Observer see each decision's client id
+// (Event.ID). It is off by default: ids are often addresses, API keys or
+// user names, personal data that metrics and traces should not carry.
+func WithObserverIDs(on bool) Option {
+	return optionFunc(func(c *config) { c.observeIDs = on })
 }
 
 // WithReplicas tells the Limiter how many application servers share its
@@ -179,12 +226,19 @@ func WithReplicas(n int) Option {
 }
 
 // WithCircuitBreaker stops sending decisions to a Redis that keeps failing:
-// after failures consecutive Redis failures (timeouts, refused or reset
-// connections, errors such as LOADING, BUSY, READONLY or MASTERDOWN), it
-// opens, and for cooldown every decision goes to the failure policy at once,
-// in microseconds, with an error that wraps ErrCircuitOpen. Then one decision
-// tries Redis: if it succeeds, the breaker closes; if not, it stays open for
-// another cooldown. It is on by default, with DefaultBreakerFailures (5) and
+// after failures consecutive failed script calls, it opens, and for cooldown
+// every decision goes to the failure policy at once, in microseconds, with
+// an error that wraps ErrCircuitOpen. Then one decision tries Redis: if it
+// succeeds, the breaker closes; if not, it stays open for another cooldown.
+//
+// Only failures that say Redis itself cannot serve count: the Limiter's
+// timeout, a connection refused, reset or lost, a closed client or an
+// exhausted pool, and the replies LOADING, BUSY, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM, MISCONF and "max number of clients
+// reached". A bad reply or a script error caused by one id's data does not:
+// Redis answered. A batched call counts once, whatever it carried.
+//
+// It is on by default, with DefaultBreakerFailures (5) and
 // DefaultBreakerCooldown (1s); failures of 0 or less turns it off. Cooldowns
 // are measured in real time, not on the clock of WithClock, which places
 // requests in windows and may be a test's clock that stands still.

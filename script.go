@@ -14,8 +14,9 @@ import (
 )
 
 // slidingWindowSource is the one script that decides. Only this file speaks
-// Lua: it sends the script by EVALSHA, and by EVAL when the server has lost
-// it (restart, failover, SCRIPT FLUSH), which loads it again.
+// Lua: it knows the script's arguments and reply, sends the script by
+// EVALSHA, and by EVAL when the server has lost it (restart, failover,
+// SCRIPT FLUSH), which loads it again.
 //
 //go:embed sliding_window.lua
 var slidingWindowSource string
@@ -36,50 +37,117 @@ func scriptSHA(src string) string {
 // a value that is not a count under one of its keys.
 var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
 
-// request is one request's part of a script call, against one limit.
+// request is one request's part of a script call: a cost against one or more
+// limits, all of which must admit it. Its numbers are fields so that the
+// call's arguments can point to them rather than box copies.
 type request struct {
-	cur, prev                string // keys of the current and previous windows
-	cost, rate, window, left int64  // cost 0 looks without writing
+	cost        int64 // 0 looks without counting
+	countDenied int64 // 1: a denied request is counted too (WithCountDenied)
+	nlimits     int64
+	spans       []span
+	keys        []string // every span's keys, in order
+
+	allowed bool  // the script's decision, once decoded
+	err     error // set when the reply for this request is not a decision
+	probe   bool  // the circuit breaker's probe rides in this request
 }
 
-// counts is what the script saw for one limit, before a request.
-type counts struct {
-	cur, prev int64
+// span is one limit of one request: where the clock stands in its windows,
+// its arguments to the script, and the counts the script saw.
+type span struct {
+	at    int // index of the limit in the caller's list
+	limit Limit
+	pos   position
+	// The script's arguments: see sliding_window.lua.
+	rate, weight, window, ttl int64
+	seen                      counts
 }
 
-// oneCall holds the arguments of an EVALSHA for one request. Arguments point
-// into it rather than holding copies, so that a decision allocates them
-// once, not once each.
-type oneCall struct {
-	req  request
-	args [10]any
+// newSpan places limit, at index at of the caller's list, at Unix ms now.
+func newSpan(at int, limit Limit, now int64) span {
+	p := locate(now, limit)
+	s := span{at: at, limit: limit, pos: p, rate: limit.Rate}
+	if p.subs == 0 {
+		s.weight, s.window, s.ttl = p.w-p.e, p.w, 2*p.w
+	} else {
+		// A sub-window is read until subs sub-windows after its own have
+		// passed; two more outlive that from any moment in it.
+		s.weight, s.window, s.ttl = p.subs+1, 0, (p.subs+2)*p.w
+	}
+	return s
 }
 
-// runOne runs the script for one request and decodes its reply: whether the
-// request was allowed (and so counted) and the counts it saw.
-func runOne(ctx context.Context, c redis.UniversalClient, req request) (bool, counts, error) {
-	call := &oneCall{req: req}
-	r := &call.req
-	call.args = [10]any{"evalsha", shaArg, "2", &r.cur, &r.prev, &r.cost, "1", &r.rate, &r.window, &r.left}
-	vals, err := eval(ctx, c, call.args[:])
-	if err != nil {
-		return false, counts{}, err
+// callArgs appends the EVALSHA command for reqs to args: the arguments point
+// into reqs, which must not move until the call is done.
+func callArgs(args []any, reqs []*request) []any {
+	nkeys := 0
+	for _, r := range reqs {
+		nkeys += len(r.keys)
 	}
-	if len(vals) != 3 {
-		return false, counts{}, fmt.Errorf("%w: %d values, want 3", ErrBadReply, len(vals))
+	args = append(args, "evalsha", shaArg, strconv.Itoa(nkeys))
+	for _, r := range reqs {
+		for i := range r.keys {
+			args = append(args, &r.keys[i])
+		}
 	}
-	return decode(vals)
+	args = append(args, strconv.Itoa(len(reqs)))
+	for _, r := range reqs {
+		args = append(args, &r.cost, &r.nlimits, &r.countDenied)
+		for i := range r.spans {
+			s := &r.spans[i]
+			args = append(args, &s.rate, &s.weight, &s.window, &s.ttl)
+		}
+	}
+	return args
 }
 
-// decode checks one request's part of a reply: {allowed, cur, prev}.
-func decode(vals []int64) (bool, counts, error) {
-	if vals[0] != 0 && vals[0] != 1 {
-		return false, counts{}, fmt.Errorf("%w: allowed flag %d", ErrBadReply, vals[0])
+// decodeReply checks the script's reply to a call for reqs and stores each
+// request's decision and each span's counts. A reply of the wrong length
+// fails the whole call; a request whose counts are wrong fails alone, in
+// its err.
+func decodeReply(vals []int64, reqs []*request) error {
+	want := 0
+	for _, r := range reqs {
+		want += 1 + len(r.keys)
 	}
-	if vals[1] < 0 || vals[2] < 0 {
-		return false, counts{}, fmt.Errorf("%w: negative count (%d, %d)", ErrBadReply, vals[1], vals[2])
+	if len(vals) != want {
+		return fmt.Errorf("%w: %d values for %d requests, want %d", ErrBadReply, len(vals), len(reqs), want)
 	}
-	return vals[0] == 1, counts{cur: vals[1], prev: vals[2]}, nil
+	for _, r := range reqs {
+		r.allowed, r.err = vals[0] == 1, nil
+		if vals[0] != 0 && vals[0] != 1 {
+			r.err = fmt.Errorf("%w: allowed flag %d", ErrBadReply, vals[0])
+		}
+		vals = vals[1:]
+		for i := range r.spans {
+			s := &r.spans[i]
+			n := s.pos.keys()
+			for k, c := range vals[:n] {
+				if c < 0 && r.err == nil {
+					r.err = fmt.Errorf("%w: a key of limit %v holds no count", ErrBadReply, s.limit)
+				}
+				s.seen[k] = c
+			}
+			vals = vals[n:]
+		}
+		if r.err == nil && r.allowed {
+			// The script allows only what fits; a reply that says
+			// otherwise was not written by it.
+			r.err = r.fits()
+		}
+	}
+	return nil
+}
+
+// fits reports an error unless every span's counts admit the request's cost.
+func (r *request) fits() error {
+	for i := range r.spans {
+		s := &r.spans[i]
+		if s.pos.estimate(&s.seen) > s.limit.Rate-r.cost {
+			return fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, s.seen[:s.pos.keys()], s.limit.Rate)
+		}
+	}
+	return nil
 }
 
 // noRetry marks the script's command as one go-redis must not send again

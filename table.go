@@ -23,28 +23,25 @@ type tableShard struct {
 	max     int
 }
 
+// tableKey is an id and the length and kind of its limit's windows.
 type tableKey struct {
-	id string
-	w  int64
+	id      string
+	w, subs int64
 }
 
-// windowEntry holds the counts of window i and of window i-1.
+// windowEntry holds the counts of a limit as they stood in window i.
 type windowEntry struct {
 	i int64
 	counts
 }
 
-// at returns the counts as they stand in window i, when the entry can say:
-// the same window, or the next one, where its current count has become the
-// previous one.
-func (e windowEntry) at(i int64) (counts, bool) {
-	switch i {
-	case e.i:
-		return e.counts, true
-	case e.i + 1:
-		return counts{prev: e.cur}, true
+// at returns the counts as they stand at p with no traffic since the entry
+// was stored, when the entry can say: not when p is before it.
+func (e windowEntry) at(p position) (counts, bool) {
+	if p.i < e.i {
+		return counts{}, false
 	}
-	return counts{}, false
+	return p.shift(e.counts, p.i-e.i), true
 }
 
 func newWindowTable(maxEntries int) *windowTable {
@@ -60,19 +57,20 @@ func (t *windowTable) shard(id string) *tableShard {
 	return &t.shards[maphash.String(t.seed, id)%tableShards]
 }
 
-// get returns the entry of id and window length w.
-func (t *windowTable) get(id string, w int64) (windowEntry, bool) {
+// get returns the entry of id for the limit placed at p.
+func (t *windowTable) get(id string, p position) (windowEntry, bool) {
 	s := t.shard(id)
 	s.mu.RLock()
-	e, ok := s.entries[tableKey{id, w}]
+	e, ok := s.entries[tableKey{id, p.w, p.subs}]
 	s.mu.RUnlock()
 	return e, ok
 }
 
-// update calls fn with the entry of id and w (ok false when there is none)
-// under the shard's lock, and stores what fn returns if it says to.
-func (t *windowTable) update(id string, w int64, fn func(e windowEntry, ok bool) (windowEntry, bool)) {
-	k := tableKey{id, w}
+// update calls fn with the entry of id for the limit placed at p (ok false
+// when there is none) under the shard's lock, and stores what fn returns if
+// it says to.
+func (t *windowTable) update(id string, p position, fn func(e windowEntry, ok bool) (windowEntry, bool)) {
+	k := tableKey{id, p.w, p.subs}
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -90,11 +88,11 @@ func (t *windowTable) update(id string, w int64, fn func(e windowEntry, ok bool)
 	s.entries[k] = e
 }
 
-// delete drops the entry of id and w.
-func (t *windowTable) delete(id string, w int64) {
+// delete drops the entry of id for the limit placed at p.
+func (t *windowTable) delete(id string, p position) {
 	s := t.shard(id)
 	s.mu.Lock()
-	delete(s.entries, tableKey{id, w})
+	delete(s.entries, tableKey{id, p.w, p.subs})
 	s.mu.Unlock()
 }
 

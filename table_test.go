@@ -14,17 +14,20 @@ import (
 func TestWindowTableBounded(t *testing.T) {
 	table := newWindowTable(64)
 	for i := range 10_000 {
-		table.update("id-"+strconv.Itoa(i), 1000, func(windowEntry, bool) (windowEntry, bool) {
-			return windowEntry{i: 1, counts: counts{cur: 1}}, true
+		table.update("id-"+strconv.Itoa(i), position{w: 1000}, func(windowEntry, bool) (windowEntry, bool) {
+			return windowEntry{i: 1, counts: counts{1}}, true
 		})
 	}
 	require.LessOrEqual(t, table.size(), 64)
 	require.Positive(t, table.size())
 
 	local := newLocalWindows(1)
-	pos := locate(time.Now().UnixMilli(), 1000)
+	l := &Limiter{keyPrefix: keyPrefixFor("t")}
 	for i := range 2 * maxLocalEntries {
-		local.decide(strconv.Itoa(i), PerSecond(10), pos, 1)
+		d := &decision{cost: 1, limits: []Limit{PerSecond(10)}, results: make([]Result, 1)}
+		l.build(d, "id", time.Now().UnixMilli())
+		local.decide(strconv.Itoa(i), d)
+		require.True(t, d.allowed)
 	}
 	require.LessOrEqual(t, local.table.size(), maxLocalEntries)
 }
@@ -35,8 +38,10 @@ func TestWindowTableBounded(t *testing.T) {
 func TestLongIDs(t *testing.T) {
 	c := newDenyCache(10)
 	long := strings.Repeat("x", maxCachedID+1)
-	pos := locate(0, 1000)
-	c.record(long, pos, counts{cur: 5}, false, 1)
+	d := &decision{cost: 1, limits: []Limit{PerSecond(1)}}
+	(&Limiter{keyPrefix: keyPrefixFor("t")}).build(d, long, 0)
+	d.reqs[0].spans[0].seen = counts{5}
+	c.record(long, d)
 	require.Zero(t, c.table.size())
 
 	local := newLocalWindows(1)

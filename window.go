@@ -7,32 +7,70 @@ import (
 )
 
 // The sliding window's arithmetic lives in internal/window; these types
-// carry its inputs through the decision.
+// carry its inputs through a decision.
 
-// position places a moment in a window: index i (window i covers
-// [i×w, (i+1)×w) in Unix ms) and e, the ms elapsed since it began.
+// position places a moment in the windows of one limit: index i of the
+// window it falls in (window i covers [i×w, (i+1)×w) in Unix ms) and e, the
+// ms elapsed since that window began. For a strict limit the windows are its
+// sub-windows, w is a sub-window's length and subs their number per Window.
 type position struct {
 	w, i, e int64
+	subs    int64 // 0: the sliding window counter; else strict, with subs sub-windows
 }
 
-// locate returns the position of Unix millisecond t in windows of w ms.
-func locate(t, w int64) position {
+// counts are what the script saw of one limit before a request, current
+// window first: for a sliding limit the current and the previous window's
+// counts; for a strict limit the subs+1 sub-windows' counts.
+type counts [window.SubWindows + 1]int64
+
+// locate returns the position of Unix millisecond t for limit.
+func locate(t int64, limit Limit) position {
+	w, subs := limit.Window.Milliseconds(), int64(0)
+	if limit.Strict {
+		subs = StrictSubWindows
+		w /= subs
+	}
 	i := t / w
 	if t%w < 0 { // floor, not truncation, for clocks before 1970
 		i--
 	}
-	return position{w: w, i: i, e: t - i*w}
+	return position{w: w, i: i, e: t - i*w, subs: subs}
 }
 
-// left returns the ms left in the current window, the previous count's weight
-// in w-ths.
-func (p position) left() int64 { return p.w - p.e }
+// keys returns the number of keys (and counts) the limit reads.
+func (p position) keys() int {
+	if p.subs == 0 {
+		return 2
+	}
+	return int(p.subs) + 1
+}
 
-// estimate returns cur + floor(prev × (w-e) / w); see window.Estimate.
-func (p position) estimate(c counts) int64 { return window.Estimate(c.cur, c.prev, p.w, p.e) }
+// estimate returns the usage the decision is made on: for a sliding limit
+// cur + floor(prev × (w-e) / w) (see window.Estimate), for a strict one the
+// sum of its sub-windows.
+func (p position) estimate(c *counts) int64 {
+	if p.subs == 0 {
+		return window.Estimate(c[0], c[1], p.w, p.e)
+	}
+	return window.StrictCount(c[:p.keys()])
+}
 
 // waitUntil returns the shortest wait after which the estimate would be at
-// most target; see window.WaitUntil.
-func (p position) waitUntil(c counts, target int64) time.Duration {
-	return window.WaitUntil(c.cur, c.prev, p.w, p.e, target)
+// most target if no other request came; negative if target is.
+func (p position) waitUntil(c *counts, target int64) time.Duration {
+	if p.subs == 0 {
+		return window.WaitUntil(c[0], c[1], p.w, p.e, target)
+	}
+	return window.StrictWaitUntil(c[:p.keys()], p.w, p.e, target)
+}
+
+// shift returns c as it stands d windows later with no traffic in between:
+// each count moves d places older, and those past the oldest are gone.
+func (p position) shift(c counts, d int64) counts {
+	var out counts
+	n := int64(p.keys())
+	for j := d; j < n; j++ {
+		out[j] = c[j-d]
+	}
+	return out
 }

@@ -1,0 +1,205 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// decision is one call of AllowN, AllowAll, Peek or PeekAll on its way
+// through the Limiter: its limits placed on the clock, the requests it sends
+// (one for the enforced limits, one for each Shadow limit), and its results.
+// A decision of one limit keeps all of it in its own arrays: one allocation.
+type decision struct {
+	limits  []Limit
+	results []Result
+	reqs    []*request
+	cost    int64 // 0 for a look
+	allowed bool  // the one decision every Result reports
+
+	limitBuf  [1]Limit
+	resultBuf [1]Result
+	reqBuf    [1]request
+	reqPtrBuf [1]*request
+	spanBuf   [1]span
+	keyBuf    [2]string
+}
+
+// decide makes decision d for id at cost n, or looks without counting, and
+// fills d.results: the one path every decision takes, whoever makes it
+// (Redis, the deny cache or the failure policy), out through l.finish.
+func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, look bool) error {
+	d.cost = n
+	if look {
+		n, d.cost = 1, 0 // a look is checked as a request of cost 1
+	}
+	if len(d.limits) == 1 {
+		d.results = d.resultBuf[:1]
+	} else {
+		d.results = make([]Result, len(d.limits))
+	}
+	for i, limit := range d.limits {
+		d.results[i].Limit = limit
+	}
+	if err := l.checkAll(id, d.limits, n); err != nil {
+		return err
+	}
+	l.build(d, id, l.now().UnixMilli())
+	if l.denied != nil && !look && l.denied.deny(id, d) {
+		d.derive()
+		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
+	}
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
+	err := l.send(ctx, d.reqs)
+	for _, r := range d.reqs {
+		if err == nil {
+			err = r.err
+		}
+	}
+	var took time.Duration
+	if l.observer != nil {
+		took = time.Since(start)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The caller left: no decision, and no Redis failure either.
+			return ctx.Err()
+		}
+		return l.fail(ctx, d, id, took, err)
+	}
+	if l.denied != nil && !look {
+		l.denied.record(id, d)
+	}
+	d.derive()
+	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// checkAll validates a decision's input before Redis is consulted.
+func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+	}
+	if len(limits) > MaxLimits {
+		return fmt.Errorf("%w: %d limits, more than MaxLimits (%d)", ErrInvalidLimit, len(limits), MaxLimits)
+	}
+	for i, limit := range limits {
+		if err := l.check(id, limit, n); err != nil {
+			return err
+		}
+		for _, other := range limits[:i] {
+			if other.Window == limit.Window && other.Strict == limit.Strict {
+				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
+			}
+		}
+	}
+	return nil
+}
+
+// build places d's limits on the clock at Unix ms now and makes its
+// requests: for a look, one request of cost 0 for every limit; otherwise one
+// for the enforced limits (if any), and one for each Shadow limit, which is
+// counted when it alone admits the request.
+func (l *Limiter) build(d *decision, id string, now int64) {
+	if len(d.limits) == 1 {
+		s := &d.spanBuf[0]
+		*s = newSpan(0, d.limits[0], now)
+		r := &d.reqBuf[0]
+		*r = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, spans: d.spanBuf[:1]}
+		r.keys = l.appendKeys(d.keyBuf[:0], id, s.pos)
+		d.reqPtrBuf[0] = r
+		d.reqs = d.reqPtrBuf[:1]
+		return
+	}
+	enforced := &request{cost: d.cost, countDenied: l.countDenied}
+	d.reqs = append(d.reqs[:0], enforced)
+	for i, limit := range d.limits {
+		r := enforced
+		if limit.Shadow && d.cost > 0 {
+			r = &request{cost: d.cost, countDenied: l.countDenied}
+			d.reqs = append(d.reqs, r)
+		}
+		s := newSpan(i, limit, now)
+		r.spans = append(r.spans, s)
+		r.keys = l.appendKeys(r.keys, id, s.pos)
+		r.nlimits++
+	}
+	if len(enforced.spans) == 0 {
+		d.reqs = d.reqs[1:]
+	}
+}
+
+// derive fills d.results from the counts each span holds and the decision of
+// each request: the one decision is that of the enforced limits (all of
+// them admit the cost; true if there are none), and each Shadow limit
+// reports whether it admitted the cost on its own.
+func (d *decision) derive() {
+	look := d.cost == 0
+	n := max(d.cost, 1)
+	d.allowed = true
+	for _, r := range d.reqs {
+		for i := range r.spans {
+			s := &r.spans[i]
+			counted := r.allowed && !look
+			res := s.result(n, counted)
+			ok := counted || look && s.pos.estimate(&s.seen)+n <= s.limit.Rate
+			if s.limit.Shadow {
+				res.Shadowed = !ok
+			} else if !ok {
+				d.allowed = false
+			}
+			d.results[s.at] = res
+		}
+	}
+	for i := range d.results {
+		r := &d.results[i]
+		r.Allowed = d.allowed
+		if d.allowed && !r.Limit.Shadow {
+			r.RetryAfter = 0
+		}
+	}
+}
+
+// result derives the Result of one limit from the counts the script saw, for
+// a request of cost n that this limit counted or not. Allowed is left to the
+// decision.
+func (s *span) result(n int64, counted bool) Result {
+	c := s.seen
+	r := Result{Limit: s.limit, Count: s.pos.estimate(&c)}
+	if counted {
+		c[0] += n
+		r.Count += n
+	} else {
+		r.RetryAfter = s.pos.waitUntil(&c, s.limit.Rate-n)
+	}
+	r.Remaining = max(0, s.limit.Rate-r.Count)
+	r.ResetAfter = s.pos.waitUntil(&c, 0)
+	return r
+}
+
+// finish is the one way out of every decision: shadow mode lets a denied
+// decision through, and the observer sees it. redisErr is what Redis
+// failed with, if it did; err is what the caller is to get.
+func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr, err error) error {
+	shadowed := false
+	if l.shadow && !d.allowed {
+		shadowed, err = true, nil
+		for i := range d.results {
+			d.results[i].Allowed, d.results[i].Shadowed = true, true
+		}
+	}
+	if l.observer != nil {
+		e := Event{Cost: d.cost, Results: d.results, Allowed: shadowed || d.allowed, Source: src, Duration: took, Err: redisErr}
+		e.Shadow = l.shadow
+		for _, limit := range d.limits {
+			e.Shadow = e.Shadow || limit.Shadow
+		}
+		if l.observeIDs {
+			e.ID = id
+		}
+		l.observer.Observe(ctx, &e)
+	}
+	return err
+}

@@ -1,0 +1,102 @@
+package ratelimit
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// dialErrors remembers the last error a client met when dialing Redis, so
+// that a decision which ran out of time can say why: go-redis retries a
+// refused dial in the background (DialerRetries, 5 by default) while the
+// command waits, and the command itself only sees its deadline.
+//
+// One recorder serves every Limiter of a client: it is installed as a
+// go-redis dial hook once per client, and forgotten when the client is
+// garbage collected.
+type dialErrors struct {
+	last atomic.Pointer[dialError]
+}
+
+type dialError struct {
+	err error
+	at  time.Time
+}
+
+// dialMemory is how long a dial error stays worth reporting.
+const dialMemory = 10 * time.Second
+
+// recent returns the last dial error if it is younger than dialMemory and no
+// dial has succeeded since.
+func (d *dialErrors) recent() error {
+	if d == nil {
+		return nil
+	}
+	e := d.last.Load()
+	if e == nil || time.Since(e.at) > dialMemory {
+		return nil
+	}
+	return e.err
+}
+
+// DialHook records each dial's outcome.
+func (d *dialErrors) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			d.last.Store(&dialError{err: err, at: time.Now()})
+		} else if d.last.Load() != nil {
+			d.last.Store(nil)
+		}
+		return conn, err
+	}
+}
+
+// ProcessHook adds nothing to a command's path.
+func (d *dialErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+// ProcessPipelineHook adds nothing to a pipeline's path.
+func (d *dialErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// recorders holds one dialErrors per client, keyed by a weak pointer so
+// that it does not keep the client alive.
+var recorders sync.Map // weak.Pointer[T] for the client's type T -> *dialErrors
+
+// dialRecorder returns the recorder of client, installing it on first use;
+// nil for a client type it cannot hook.
+func dialRecorder(client redis.UniversalClient) *dialErrors {
+	switch c := client.(type) {
+	case *redis.Client:
+		return recorderFor(c)
+	case *redis.ClusterClient:
+		return recorderFor(c)
+	case *redis.Ring:
+		return recorderFor(c)
+	}
+	return nil
+}
+
+func recorderFor[T any, C interface {
+	*T
+	AddHook(redis.Hook)
+}](c C) *dialErrors {
+	key := weak.Make((*T)(c))
+	if d, ok := recorders.Load(key); ok {
+		return d.(*dialErrors)
+	}
+	d := &dialErrors{}
+	if actual, loaded := recorders.LoadOrStore(key, d); loaded {
+		return actual.(*dialErrors)
+	}
+	c.AddHook(d)
+	runtime.AddCleanup((*T)(c), func(k weak.Pointer[T]) { recorders.Delete(k) }, key)
+	return d
+}

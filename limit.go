@@ -1,0 +1,102 @@
+package ratelimit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/window"
+)
+
+// Limit is a number of requests (or cost units) allowed in any sliding
+// window of a given length.
+//
+// Limits of the same Window (and the same Strict) on one id share one
+// count: Allow(ctx, "u1", PerMinute(100)) and Allow(ctx, "u1",
+// PerMinute(10)) add to the same keys. That is right for a client moving
+// between tiers, and wrong for two budgets of one user, such as two
+// endpoints: give each budget its own id ("u1:search", "u1:export") or its
+// own Limiter with WithPrefix. Name does not change the key.
+type Limit struct {
+	// Rate is how many requests, or cost units, any Window may hold; at
+	// least 1.
+	Rate int64
+	// Window is the window's length: a whole number of milliseconds, at least
+	// 1ms. Rate × Window in ms may not exceed 2^53 (about 9×10^15), so that
+	// the script's arithmetic stays exact.
+	Window time.Duration
+	// Name labels the limit for observers and for the policy names of
+	// httplimit's headers. It is optional, and does not change which count
+	// the limit uses.
+	Name string
+	// Strict makes the limit a hard bound: no span of Window ever admits
+	// more than Rate, even against a client that packs the end of a window.
+	// The window is cut into StrictSubWindows sub-windows, and the oldest
+	// sub-window that still overlaps the last Window is counted in full; a
+	// client at a steady rate near the limit is therefore denied somewhat
+	// sooner (up to 1/StrictSubWindows of the Rate). Window must be a
+	// multiple of StrictSubWindows milliseconds. A strict limit keeps
+	// StrictSubWindows+1 small keys per id instead of 2, apart from the
+	// keys of a sliding limit of the same Window.
+	Strict bool
+	// Shadow tries the limit without enforcing it: it is decided and counted
+	// exactly as if it were enforced on its own, but it never denies. A
+	// Result whose limit would have denied has Shadowed set. Use it to see
+	// what a new limit would do before turning it on.
+	Shadow bool
+}
+
+// StrictSubWindows is the number of sub-windows a Strict limit's Window is
+// cut into.
+const StrictSubWindows = window.SubWindows
+
+// PerSecond returns a Limit of rate requests in any one second.
+func PerSecond(rate int64) Limit { return Limit{Rate: rate, Window: time.Second} }
+
+// PerMinute returns a Limit of rate requests in any one minute.
+func PerMinute(rate int64) Limit { return Limit{Rate: rate, Window: time.Minute} }
+
+// PerHour returns a Limit of rate requests in any one hour.
+func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
+
+// String returns the limit as "100/1m0s", with " strict" or " shadow"
+// after it when it is either.
+func (l Limit) String() string {
+	s := fmt.Sprintf("%d/%v", l.Rate, l.Window)
+	if l.Strict {
+		s += " strict"
+	}
+	if l.Shadow {
+		s += " shadow"
+	}
+	return s
+}
+
+// maxProduct bounds Rate × Window (in milliseconds). The script weighs the
+// previous window's count in Lua numbers (IEEE doubles), and every integer
+// product up to 2^53 is exact there; beyond it the estimate could be off by one.
+const maxProduct = 1 << 53
+
+// Validate reports what makes l unusable, as every method of a Limiter would:
+// a Rate below 1, a Window below 1ms or not a whole number of milliseconds,
+// a Rate × Window (in ms) above 2^53, or a Strict Window that is not a
+// multiple of StrictSubWindows ms. The error wraps ErrInvalidLimit. Check
+// limits from configuration with it at start-up.
+func (l Limit) Validate() error {
+	if l.Rate < 1 {
+		return fmt.Errorf("%w: rate %d is below 1", ErrInvalidLimit, l.Rate)
+	}
+	if l.Window < time.Millisecond {
+		return fmt.Errorf("%w: window %v is shorter than 1ms", ErrInvalidLimit, l.Window)
+	}
+	if l.Window%time.Millisecond != 0 {
+		return fmt.Errorf("%w: window %v is not a whole number of milliseconds", ErrInvalidLimit, l.Window)
+	}
+	if w := l.Window.Milliseconds(); l.Rate > maxProduct/w {
+		return fmt.Errorf("%w: rate %d per %v is too large (rate × window in ms must not exceed 2^53; at most %d per %v)",
+			ErrInvalidLimit, l.Rate, l.Window, maxProduct/w, l.Window)
+	}
+	if l.Strict && l.Window.Milliseconds()%StrictSubWindows != 0 {
+		return fmt.Errorf("%w: strict window %v is not a multiple of %dms", ErrInvalidLimit, l.Window, StrictSubWindows)
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package ratelimit
+
+import (
+	"context"
+	"time"
+)
+
+// Source says what made a decision.
+type Source uint8
+
+const (
+	// SourceRedis is a decision of the script in Redis.
+	SourceRedis Source = iota
+	// SourceCache is a denial by the deny cache (WithDenyCache), from
+	// counts Redis reported earlier, without a round trip.
+	SourceCache
+	// SourcePolicy is a decision of the failure policy: Redis could not
+	// decide, or the circuit breaker was open.
+	SourcePolicy
+)
+
+// String returns "redis", "cache" or "policy".
+func (s Source) String() string {
+	switch s {
+	case SourceRedis:
+		return "redis"
+	case SourceCache:
+		return "cache"
+	case SourcePolicy:
+		return "policy"
+	}
+	return "unknown"
+}
+
+// Event describes one decision on its way out of the Limiter, for an
+// Observer. Every decision makes one: allowed or denied, single- or
+// multi-limit, a look (Peek, PeekAll) or not, whoever made it.
+type Event struct {
+	// ID is the client id, and empty unless WithObserverIDs asked for it:
+	// ids are often addresses or API keys.
+	ID string
+	// Cost is the request's cost; 0 for a look.
+	Cost int64
+	// Results are the decision's Results, one per limit, as the caller gets
+	// them. The slice is the caller's: an Observer must not keep or change
+	// it.
+	Results []Result
+	// Allowed is the answer the caller got.
+	Allowed bool
+	// Source says what made the decision.
+	Source Source
+	// Shadow reports that the decision was made in shadow mode
+	// (WithShadow) or against a Limit with Shadow set: a Result's Shadowed
+	// tells whether shadow mode let a denial through.
+	Shadow bool
+	// Duration is how long the Redis call took, when there was one; 0 for
+	// decisions of the deny cache or of an open circuit breaker.
+	Duration time.Duration
+	// Err is the Redis error the failure policy decided on; nil when Redis
+	// decided.
+	Err error
+}
+
+// Observer sees every decision a Limiter makes, on the caller's goroutine,
+// after the decision and before the caller gets it: it should be quick and
+// safe for simultaneous use. The Event is valid only during the call.
+type Observer interface {
+	Observe(ctx context.Context, e *Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(ctx context.Context, e *Event)
+
+// Observe calls f(ctx, e).
+func (f ObserverFunc) Observe(ctx context.Context, e *Event) { f(ctx, e) }
