@@ -2,8 +2,119 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"time"
 )
+
+// Errors returned by Wait and WaitN, besides those of AllowN.
+var (
+	// ErrNeverAllowed is returned by WaitN, at once, for a cost above the
+	// limit's Rate: no window can ever hold it.
+	ErrNeverAllowed = errors.New("ratelimit: cost is above the limit's rate; waiting would never help")
+	// ErrWaitExceedsDeadline is wrapped by the error WaitN returns, at once
+	// and without sleeping, when the wait a denial names would end at or
+	// after ctx's deadline.
+	ErrWaitExceedsDeadline = errors.New("ratelimit: the wait would outlast the context's deadline")
+)
+
+// The jitter added to each wait is uniform in [0, min(RetryAfter/jitterDiv,
+// Window/jitterWindowDiv)]: a quarter of the wait spreads waiters that were
+// denied together, and the cap of a hundredth of the window (10ms for a
+// one-second window) keeps a long wait from idling the quota for long.
+const (
+	jitterDiv       = 4
+	jitterWindowDiv = 100
+)
+
+// Wait is shorthand for WaitN(ctx, id, limit, 1).
+func (l *Limiter) Wait(ctx context.Context, id string, limit Limit) error {
+	return l.WaitN(ctx, id, limit, 1)
+}
+
+// WaitN blocks until a request of cost n by id fits in limit, and counts it
+// as AllowN does, or until it is clear that it will not. It returns nil once
+// the request is allowed, then counted.
+//
+// Each try is one AllowN; a denied try counts nothing, so a waiter uses no
+// quota until it is let through. After a denial WaitN sleeps the denial's
+// RetryAfter, the exact moment the window would let the request in if no
+// other traffic came, plus a random jitter, uniform between 0 and
+// min(RetryAfter/4, limit.Window/100): waiters denied together, such as
+// workers started at once, then come back one after another rather than in
+// the same millisecond. The jitter is left out when it would carry the sleep
+// to ctx's deadline. Waiters are not queued: under contention whoever tries
+// first after the window frees up gets in, and one waiter may be denied
+// again. Sleeps are in real time, whatever clock WithClock set.
+//
+// It returns at once:
+//   - ErrNeverAllowed (wrapped) for a valid limit and n above its Rate,
+//     without consulting Redis;
+//   - the error of invalid input (ErrInvalidID, ErrInvalidLimit,
+//     ErrInvalidCost), as AllowN does;
+//   - an error wrapping ErrWaitExceedsDeadline, without sleeping, when a
+//     denial's RetryAfter would end at or after ctx's deadline;
+//   - ctx.Err() when ctx is done, before a try or during a sleep;
+//   - under FailClosed, the error wrapping ErrUnavailable when Redis cannot
+//     decide.
+//
+// Under FailOpen a degraded decision lets the request through and WaitN
+// returns nil. Under FailLocal WaitN waits on the local share's RetryAfter;
+// a cost within Rate but above the local share, which only Redis can allow,
+// is tried again every min(limit.Window, DefaultBreakerCooldown) until Redis
+// decides.
+func (l *Limiter) WaitN(ctx context.Context, id string, limit Limit, n int64) error {
+	if limit.Validate() == nil && n > limit.Rate {
+		return fmt.Errorf("%w: cost %d, limit %v", ErrNeverAllowed, n, limit)
+	}
+	for {
+		res, err := l.AllowN(ctx, id, limit, n)
+		if err != nil {
+			return err
+		}
+		if res.Allowed {
+			return nil
+		}
+		wait := res.RetryAfter
+		switch {
+		case wait < 0:
+			// Only the local share of FailLocal says never to a cost within
+			// Rate; Redis may be back by the time the breaker tries it again.
+			wait = min(limit.Window, DefaultBreakerCooldown)
+		case wait < time.Millisecond:
+			// A denial always names a wait of 1ms or more; the floor keeps a
+			// reply that says otherwise from spinning on Redis.
+			wait = time.Millisecond
+		}
+		d := wait + jitter(wait, limit.Window)
+		if deadline, ok := ctx.Deadline(); ok {
+			left := time.Until(deadline)
+			if wait >= left {
+				return fmt.Errorf("%w: %v to wait for %v, %v left", ErrWaitExceedsDeadline, wait, limit, left.Round(time.Millisecond))
+			}
+			if d >= left {
+				d = wait
+			}
+		}
+		if err := l.sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+}
+
+// jitterMax returns the largest jitter added to a wait of d for a window of
+// the given length.
+func jitterMax(d, window time.Duration) time.Duration {
+	return max(0, min(d/jitterDiv, window/jitterWindowDiv))
+}
+
+// jitter returns a random extra wait, uniform in [0, jitterMax(d, window)].
+// math/rand/v2's top-level functions are safe for concurrent use and seeded
+// per process, so waiters in different processes draw differently.
+func jitter(d, window time.Duration) time.Duration {
+	return rand.N(jitterMax(d, window) + 1)
+}
 
 // sleepCtx waits for d or until ctx is done, whichever comes first.
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -1,0 +1,178 @@
+// Command worker shows background workers pacing their calls to a
+// third-party API with Limiter.Wait. Several workers, each standing for a
+// separate process with its own Limiter and its own Redis connection, share
+// one quota of 10 calls a second for 3 seconds; then it prints how many
+// calls each made in each one-second window, and the total, which never
+// exceeds the limit. It runs against an embedded in-process Redis
+// (miniredis), or a real one when REDIS_ADDR is set:
+//
+//	go run ./examples/worker
+//	REDIS_ADDR=localhost:6379 go run ./examples/worker
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+const (
+	workers = 4
+	runFor  = 3 * time.Second
+	prefix  = "example-worker"
+	// callTime is how long the simulated third-party call takes.
+	callTime = 5 * time.Millisecond
+)
+
+// limit is the third party's quota, shared by every worker.
+var limit = ratelimit.PerSecond(10)
+
+func main() {
+	newClient, where, stop := connect()
+	defer stop()
+	id := "api-" + strconv.FormatInt(time.Now().UnixNano(), 36) // fresh counts every run
+
+	// Every worker reads the same clock, as processes on synchronised hosts
+	// would; it is shifted so that the run starts on a window boundary and
+	// the windows below are the run's seconds.
+	begin := time.Now()
+	shift := begin.Truncate(limit.Window).Add(limit.Window).Sub(begin)
+	start := begin.Add(shift)
+
+	fmt.Printf("%d workers share %v for %q, on %s, for %v.\n", workers, limit, id, where, runFor)
+	ctx, cancel := context.WithTimeout(context.Background(), runFor)
+	defer cancel()
+
+	calls := make([][]int, workers) // calls[w][i]: calls worker w made in window i
+	stopped := make([]string, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		client := newClient()
+		defer client.Close()
+		// decided is when the Limiter last read its clock: it reads it once
+		// per decision, so after Wait returns it is when the call was placed
+		// in its window.
+		var decided atomic.Int64
+		limiter := ratelimit.New(client,
+			ratelimit.WithPrefix(prefix),
+			ratelimit.WithFailurePolicy(ratelimit.FailClosed),
+			ratelimit.WithClock(func() time.Time {
+				now := time.Now().Add(shift)
+				decided.Store(now.UnixNano())
+				return now
+			}))
+		wg.Go(func() {
+			for {
+				err := limiter.Wait(ctx, id, limit)
+				switch {
+				case errors.Is(err, ratelimit.ErrWaitExceedsDeadline):
+					stopped[w] = "its next turn came after the deadline"
+					return
+				case errors.Is(err, context.DeadlineExceeded):
+					stopped[w] = "the deadline came while it waited"
+					return
+				case err != nil:
+					stopped[w] = err.Error()
+					return
+				}
+				i := int(time.Unix(0, decided.Load()).Sub(start) / limit.Window)
+				for len(calls[w]) <= i {
+					calls[w] = append(calls[w], 0)
+				}
+				calls[w][i]++
+				callAPI()
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(begin)
+
+	windows := 0
+	for _, c := range calls {
+		windows = max(windows, len(c))
+	}
+	fmt.Println()
+	fmt.Print("window          ")
+	for w := range workers {
+		fmt.Printf("  w%d", w+1)
+	}
+	fmt.Println("  total  in Redis")
+	reader := newClient()
+	defer reader.Close()
+	over := false
+	first := start.UnixMilli() / limit.Window.Milliseconds()
+	all := 0
+	for i := range windows {
+		from := time.Duration(i) * limit.Window
+		fmt.Printf("%5.1fs to %4.1fs ", from.Seconds(), (from + limit.Window).Seconds())
+		total := 0
+		for w := range workers {
+			n := 0
+			if i < len(calls[w]) {
+				n = calls[w][i]
+			}
+			total += n
+			fmt.Printf("%4d", n)
+		}
+		all += total
+		counted := stored(reader, id, first+int64(i))
+		over = over || int64(total) > limit.Rate || counted > limit.Rate
+		fmt.Printf("  %5d  %8d\n", total, counted)
+	}
+	fmt.Printf("%-16s%s  %5d\n", "all", strings.Repeat("    ", workers), all)
+	fmt.Println()
+	for w, why := range stopped {
+		fmt.Printf("w%d stopped: %s.\n", w+1, why)
+	}
+	if over {
+		fmt.Printf("A window held more than %d calls.\n", limit.Rate)
+		os.Exit(1)
+	}
+	fmt.Printf("No window held more than %d calls. Took %.1fs.\n", limit.Rate, took.Seconds())
+}
+
+// callAPI stands for the call to the third party that the quota protects.
+func callAPI() { time.Sleep(callTime) }
+
+// stored returns the count Redis holds for id in the window of the given
+// index, read from its documented key, <prefix>:{<id>}:<window in ms>:<index>.
+func stored(client *redis.Client, id string, index int64) int64 {
+	key := fmt.Sprintf("%s:{%s}:%d:%d", prefix, id, limit.Window.Milliseconds(), index)
+	n, err := client.Get(context.Background(), key).Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		log.Fatalf("GET %s: %v", key, err)
+	}
+	return n
+}
+
+// connect returns a maker of clients of the Redis at REDIS_ADDR, or of a
+// miniredis started here, with a word on which it is. The clients stop at
+// their ctx's deadline, so no call outlives the run.
+func connect() (newClient func() *redis.Client, where string, stop func()) {
+	addr := os.Getenv("REDIS_ADDR")
+	where = "Redis at " + addr
+	stop = func() {}
+	if addr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			log.Fatalf("start miniredis: %v", err)
+		}
+		addr, where, stop = mr.Addr(), "an embedded miniredis (set REDIS_ADDR to use a real Redis)", mr.Close
+	}
+	newClient = func() *redis.Client {
+		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	}
+	return newClient, where, stop
+}
