@@ -2,7 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	"strings"
 	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // batcher decides concurrent decisions together: while script calls are in
@@ -20,11 +24,15 @@ import (
 // Requests in one call are decided in the order they arrived, each seeing
 // the counts the ones before it wrote, and each call is atomic: the same
 // decisions as if the requests had come one at a time, in some order. All
-// keys of a call must be on one server, so batching is for a single Redis
-// (or a failover client's master), never a Redis Cluster.
+// keys of a call must be on one server: on a single Redis (or a failover
+// client's master) one batcher serves all decisions; on a Redis Cluster there
+// is one per master, and its batches declare that their keys span slots
+// (Redis 7's allow-cross-slot-keys).
 type batcher struct {
 	l        *Limiter
 	maxBatch int
+	client   redis.UniversalClient // where batches go
+	cross    bool                  // batches go to one Cluster master, across slots
 
 	mu      sync.Mutex
 	sending int        // calls in flight, at most maxInFlight
@@ -53,7 +61,7 @@ func (b *batcher) decide(ctx context.Context, reqs []*request) error {
 		// goroutine; the Limiter's deadline bounds it.
 		b.sending++
 		b.mu.Unlock()
-		err := b.l.exchange(ctx, reqs)
+		err := b.l.exchange(ctx, b.l.client, decider, reqs)
 		b.next()
 		return err
 	}
@@ -114,10 +122,7 @@ func (b *batcher) flush(batch []*pending) {
 		for _, p := range batch {
 			reqs = append(reqs, p.reqs...)
 		}
-		err := b.l.exchange(context.Background(), reqs)
-		for _, p := range batch {
-			p.done <- err
-		}
+		b.send(batch, reqs)
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.sending--
@@ -127,4 +132,81 @@ func (b *batcher) flush(batch []*pending) {
 		batch = b.take()
 		b.mu.Unlock()
 	}
+}
+
+// send makes one script call for batch, whose requests are reqs, and hands
+// each decision its outcome. On a Cluster, a batch that the master refused
+// without running it (a slot moved or is moving, the cluster is down, or the
+// server cannot run cross-slot scripts) is sent again one decision per call
+// through the Cluster client, which follows redirects: nothing ran, so
+// nothing counts twice.
+func (b *batcher) send(batch []*pending, reqs []*request) {
+	if !b.cross || len(batch) == 1 {
+		err := b.l.exchange(context.Background(), b.l.client, decider, reqs)
+		for _, p := range batch {
+			p.done <- err
+		}
+		return
+	}
+	err := b.l.exchange(context.Background(), b.client, crossSlotDecider, reqs)
+	if refused, unsupported := refusedBatch(err); refused {
+		if unsupported {
+			b.l.nodes.off.Store(true)
+		}
+		for _, p := range batch {
+			p.done <- b.l.exchange(context.Background(), b.l.client, decider, p.reqs)
+		}
+		return
+	}
+	for _, p := range batch {
+		p.done <- err
+	}
+}
+
+// refusedBatch reports whether a Cluster master refused a batch without
+// running it, and whether because it cannot run cross-slot scripts at all.
+func refusedBatch(err error) (refused, unsupported bool) {
+	if err == nil {
+		return false, false
+	}
+	for _, prefix := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true, false
+		}
+	}
+	// A script that does not compile did not run: before Redis 7 the
+	// shebang line is not Lua.
+	if msg := err.Error(); redis.HasErrorPrefix(err, "") && (strings.Contains(msg, "shebang") || strings.Contains(msg, "compiling script")) {
+		return true, true
+	}
+	return false, false
+}
+
+// nodeBatchers batches decisions per Redis Cluster master.
+type nodeBatchers struct {
+	cc       *redis.ClusterClient
+	maxBatch int
+	off      atomic.Bool // the masters cannot run cross-slot scripts
+	byNode   sync.Map    // *redis.Client of a master -> *batcher
+}
+
+// batcherFor returns the batcher for a decision whose first request is r,
+// or nil when it goes alone.
+func (l *Limiter) batcherFor(ctx context.Context, r *request) *batcher {
+	if l.batch != nil {
+		return l.batch
+	}
+	n := l.nodes
+	if n == nil || n.off.Load() {
+		return nil
+	}
+	node, err := n.cc.MasterForKey(ctx, r.keys[0])
+	if err != nil {
+		return nil
+	}
+	if b, ok := n.byNode.Load(node); ok {
+		return b.(*batcher)
+	}
+	b, _ := n.byNode.LoadOrStore(node, &batcher{l: l, maxBatch: n.maxBatch, client: node, cross: true})
+	return b.(*batcher)
 }

@@ -126,7 +126,8 @@ type Limiter struct {
 	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
 	ctxAware bool
 	denied   *denyCache    // nil unless WithDenyCache
-	batch    *batcher      // nil unless batching applies to the client
+	batch    *batcher      // nil unless batching applies to a single-server client
+	nodes    *nodeBatchers // nil unless batching applies to a Cluster client
 	breaker  *breaker      // nil if WithCircuitBreaker turned it off
 	local    *localWindows // nil unless FailLocal
 	dials    *dialErrors   // the client's last dial error; nil for other clients
@@ -163,8 +164,13 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	if cfg.denyMax > 0 && !cfg.countDenied {
 		l.denied = newDenyCache(cfg.denyMax)
 	}
-	if _, single := client.(*redis.Client); single && cfg.batchMax > 1 {
-		l.batch = &batcher{l: l, maxBatch: cfg.batchMax}
+	if cfg.batchMax > 1 {
+		switch c := client.(type) {
+		case *redis.Client:
+			l.batch = &batcher{l: l, maxBatch: cfg.batchMax, client: c}
+		case *redis.ClusterClient:
+			l.nodes = &nodeBatchers{cc: c, maxBatch: cfg.batchMax}
+		}
 	}
 	if cfg.breakerFailures > 0 {
 		l.breaker = newBreaker(cfg.breakerFailures, cfg.breakerCooldown, time.Now)

@@ -166,19 +166,22 @@ const DefaultBatch = 64
 
 // WithBatching sets how many requests one script call may carry (default
 // DefaultBatch) when concurrent decisions share calls. Batching is on by
-// default wherever all keys of a call reach one server: with a
-// *redis.Client (one server, or a failover client's master). While calls
-// are in flight (two at most), the decisions that arrive wait and then go
-// together. Redis spends most of a call on invoking the script, so under
-// concurrent load this multiplies the decisions one Redis can make; a
-// decision that finds nothing in flight is sent at once on its caller's
-// goroutine, so a quiet service sees no added latency. Decisions are the
-// same as if the requests of a call had come one at a time in the order
-// they arrived.
+// default. While calls are in flight (two at most), the decisions that
+// arrive wait and then go together. Redis spends most of a call on invoking
+// the script, so under concurrent load this multiplies the decisions one
+// Redis can make; a decision that finds nothing in flight is sent at once on
+// its caller's goroutine, so a quiet service sees no added latency.
+// Decisions are the same as if the requests of a call had come one at a
+// time in the order they arrived.
 //
-// maxBatch of 1 or less turns batching off: every decision is then its own
-// call. With any other client than a *redis.Client the option has no
-// effect.
+// With a *redis.Client (one server, or a failover client's master) all
+// decisions share one batcher. With a *redis.ClusterClient, decisions whose
+// ids live on the same master share calls, declared with Redis 7's
+// allow-cross-slot-keys; a batch that a master refuses without running it
+// (a slot moved or moving, the cluster down, a server before Redis 7) is
+// sent again one decision per call, so nothing is lost or counted twice.
+// With any other client the option has no effect. maxBatch of 1 or less
+// turns batching off: every decision is then its own call.
 func WithBatching(maxBatch int) Option {
 	return optionFunc(func(c *config) { c.batchMax = maxBatch })
 }

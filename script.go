@@ -21,16 +21,26 @@ import (
 //go:embed sliding_window.lua
 var slidingWindowSource string
 
-// The script's SHA-1 and source as command arguments, boxed once.
-var (
-	shaArg    any = scriptSHA(slidingWindowSource)
-	sourceArg any = slidingWindowSource
-)
-
-func scriptSHA(src string) string {
-	sum := sha1.Sum([]byte(src))
-	return hex.EncodeToString(sum[:])
+// script is the source and SHA-1 of a script, as command arguments boxed
+// once.
+type script struct {
+	sha, src any
 }
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{sha: hex.EncodeToString(sum[:]), src: src}
+}
+
+var (
+	// decider is the script for the keys of one slot: one decision, or a
+	// batch on a single Redis.
+	decider = newScript(slidingWindowSource)
+	// crossSlotDecider is the same script declared with
+	// allow-cross-slot-keys (Redis 7), for a batch of decisions whose keys
+	// are in several slots of one Redis Cluster master.
+	crossSlotDecider = newScript("#!lua flags=allow-cross-slot-keys\n" + slidingWindowSource)
+)
 
 // ErrBadReply is wrapped by the error returned when the script's reply does
 // not have the shape the Limiter expects, say because another program wrote
@@ -79,12 +89,12 @@ func newSpan(at int, limit Limit, now int64) span {
 
 // callArgs appends the EVALSHA command for reqs to args: the arguments point
 // into reqs, which must not move until the call is done.
-func callArgs(args []any, reqs []*request) []any {
+func callArgs(args []any, sc *script, reqs []*request) []any {
 	nkeys := 0
 	for _, r := range reqs {
 		nkeys += len(r.keys)
 	}
-	args = append(args, "evalsha", shaArg, strconv.Itoa(nkeys))
+	args = append(args, "evalsha", sc.sha, strconv.Itoa(nkeys))
 	for _, r := range reqs {
 		for i := range r.keys {
 			args = append(args, &r.keys[i])
@@ -160,15 +170,16 @@ type noRetry struct{ *redis.IntSliceCmd }
 // NoRetry tells go-redis not to send the command twice.
 func (noRetry) NoRetry() bool { return true }
 
-// eval sends args, an EVALSHA command with its SHA at args[1], and EVAL with
-// the source if the server does not have the script. A NOSCRIPT reply means
-// the script did not run, so sending it again cannot count twice.
-func eval(ctx context.Context, c redis.UniversalClient, args []any) ([]int64, error) {
+// eval sends args, an EVALSHA command of sc with its SHA at args[1], and
+// EVAL with the source if the server does not have the script. A NOSCRIPT
+// reply means the script did not run, so sending it again cannot count
+// twice.
+func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any) ([]int64, error) {
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	err := c.Process(ctx, noRetry{cmd})
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", sourceArg
+		args[0], args[1] = "eval", sc.src
 		cmd = redis.NewIntSliceCmd(ctx, args...)
 		cmd.SetFirstKeyPos(3)
 		err = c.Process(ctx, noRetry{cmd})

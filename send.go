@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // send runs the script for one decision's requests: at once, or in a batch
@@ -20,25 +22,26 @@ func (l *Limiter) send(ctx context.Context, reqs []*request) error {
 		}
 		reqs[0].probe = probe
 	}
-	if l.batch != nil {
-		return l.batch.decide(ctx, reqs)
+	if b := l.batcherFor(ctx, reqs[0]); b != nil {
+		return b.decide(ctx, reqs)
 	}
-	return l.exchange(ctx, reqs)
+	return l.exchange(ctx, l.client, decider, reqs)
 }
 
-// exchange sends one script call for reqs, which may come from several
-// decisions, within the Limiter's deadline, and tells the circuit breaker
-// how it went: one call, one success or failure. parent is the caller's ctx,
-// or for a batch a background one that no single caller can cancel.
-func (l *Limiter) exchange(parent context.Context, reqs []*request) error {
+// exchange sends one script call of sc for reqs, which may come from several
+// decisions, to c within the Limiter's deadline, and tells the circuit
+// breaker how it went: one call, one success or failure. parent is the
+// caller's ctx, or for a batch a background one that no single caller can
+// cancel.
+func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *script, reqs []*request) error {
 	ctx, cancel := l.deadline(parent)
 	defer cancel()
 	var err error
 	if l.ctxAware || ctx.Done() == nil {
-		err = l.call(ctx, reqs)
+		err = call(ctx, c, sc, reqs)
 	} else {
 		_, err = watch(ctx, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, l.call(ctx, reqs)
+			return struct{}{}, call(ctx, c, sc, reqs)
 		})
 	}
 	left := err != nil && parent.Err() != nil // the caller left: that says nothing of Redis
@@ -62,10 +65,11 @@ func (l *Limiter) exchange(parent context.Context, reqs []*request) error {
 	return err
 }
 
-// call sends one script call for reqs and decodes its reply into them.
-func (l *Limiter) call(ctx context.Context, reqs []*request) error {
+// call sends one script call of sc for reqs to c and decodes its reply into
+// them.
+func call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) error {
 	var buf [24]any
-	vals, err := eval(ctx, l.client, callArgs(buf[:0], reqs))
+	vals, err := eval(ctx, c, sc, callArgs(buf[:0], sc, reqs))
 	if err != nil {
 		return err
 	}
