@@ -32,8 +32,8 @@ var algorithms = []algorithm{
 		func(l limit) decider { return &gcra{limit: l, burst: l.rate} }},
 	{"strict (k=10)", "allowed iff window.StrictCount of the k+1 sub-windows of W/k ms + n <= R",
 		func(l limit) decider { return &strict{limit: l, s: l.w / window.SubWindows} }},
-	{"count-denied", "the library's sliding window, but a denied request's cost is added to the current count too (Cloudflare's rule), capped below 2^53/W",
-		func(l limit) decider { return &sliding{limit: l, countDenied: true, most: (1<<53 - 1) / l.w} }},
+	{"count-denied", "the library's sliding window, but a denied request's cost is added to the current count too (Cloudflare's rule), up to R: the script adds min(n, R - current count)",
+		func(l limit) decider { return &sliding{limit: l, countDenied: true} }},
 }
 
 // exactLog is the sliding log: every admitted request, expired after W ms.
@@ -79,11 +79,11 @@ func (l *spanLog) add(t, n int64) {
 }
 
 // sliding is the library's sliding window counter, or with countDenied
-// Cloudflare's variant where denied requests count too (up to most).
+// Cloudflare's variant where denied requests count too, as the script
+// counts them: a denial adds its cost to the current count up to the rate.
 type sliding struct {
 	limit
 	countDenied bool
-	most        int64
 	i           int64 // current window's index
 	cur, prev   int64
 }
@@ -107,7 +107,7 @@ func (d *sliding) allow(t, n int64) bool {
 		return true
 	}
 	if d.countDenied {
-		d.cur = min(d.cur+n, d.most)
+		d.cur += max(0, min(n, d.rate-d.cur))
 	}
 	return false
 }

@@ -114,19 +114,32 @@ func TestDeciders(t *testing.T) {
 	}
 }
 
-// TestCountDeniedCap checks a client denied without end keeps a count that
-// fits the script's arithmetic: below 2^53/W.
+// TestCountDeniedCap checks a denial adds its cost to the current count up
+// to the rate, as the script does (math.min(cost, rate - cur)), and never
+// lowers a count already above it.
 func TestCountDeniedCap(t *testing.T) {
-	d := algorithmNamed("count-denied").new(limit{rate: 1, w: 1 << 20}).(*sliding)
-	d.allow(0, 1)
-	for range 4 {
-		d.allow(1, 1<<31)
+	d := algorithmNamed("count-denied").new(limit{rate: 10, w: 1000}).(*sliding)
+	for _, tc := range []struct {
+		t, n    int64
+		allowed bool
+		cur     int64 // the current count after the request
+	}{
+		{0, 4, true, 4},
+		{1, 7, false, 10},       // 4 + 7 > 10: denied, 6 of its 7 counted
+		{2, 1, false, 10},       // denied, nothing left to count
+		{3, 1 << 40, false, 10}, // a cost above the rate adds nothing either
+		{1000, 3, false, 3},     // the next window: 10 weigh 10, denied, counted
+		{1001, 20, false, 10},   // above the rate: fills the count to the rate
+	} {
+		if got := d.allow(tc.t, tc.n); got != tc.allowed || d.cur != tc.cur {
+			t.Errorf("at %d cost %d: allowed %v, current count %d; want %v, %d", tc.t, tc.n, got, d.cur, tc.allowed, tc.cur)
+		}
 	}
-	if want := int64(1<<53-1) / d.w; d.cur != want {
-		t.Errorf("count %d, want the cap %d", d.cur, want)
-	}
-	if d.cur*d.w >= 1<<53 {
-		t.Errorf("count %d × window %d reaches 2^53", d.cur, d.w)
+	// A count above the rate (admitted before a smaller limit) stays as it is.
+	d = algorithmNamed("count-denied").new(limit{rate: 5, w: 1000}).(*sliding)
+	d.cur = 8
+	if d.allow(0, 1) || d.cur != 8 {
+		t.Errorf("count above the rate: current count %d, want 8", d.cur)
 	}
 }
 
