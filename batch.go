@@ -174,6 +174,11 @@ func refusedBatch(err error) (refused, unsupported bool) {
 			return true, false
 		}
 	}
+	// The script reads every key before it writes any: one this master
+	// no longer serves fails it before a write.
+	if strings.Contains(err.Error(), "non local key") {
+		return true, false
+	}
 	// A script that does not compile did not run: before Redis 7 the
 	// shebang line is not Lua.
 	if msg := err.Error(); redis.HasErrorPrefix(err, "") && (strings.Contains(msg, "shebang") || strings.Contains(msg, "compiling script")) {

@@ -87,20 +87,37 @@ func newSpan(at int, limit Limit, now int64) span {
 	return s
 }
 
-// callArgs appends the EVALSHA command for reqs to args: the arguments point
-// into reqs, which must not move until the call is done.
-func callArgs(args []any, sc *script, reqs []*request) []any {
-	nkeys := 0
-	for _, r := range reqs {
-		nkeys += len(r.keys)
-	}
-	args = append(args, "evalsha", sc.sha, strconv.Itoa(nkeys))
-	for _, r := range reqs {
-		for i := range r.keys {
-			args = append(args, &r.keys[i])
+// callArgs appends the EVALSHA command of sc for reqs to args: the
+// arguments point into reqs, which must not move until the call is done. The
+// first request's keys are declared as KEYS; with cross set (a batch on a
+// Cluster master, whose requests' keys are in several slots) the others go
+// in ARGV, where Redis does not check that they share a slot.
+func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
+	declared := 0
+	for i, r := range reqs {
+		if i == 0 || !cross {
+			declared += len(r.keys)
 		}
 	}
-	args = append(args, strconv.Itoa(len(reqs)))
+	args = append(args, "evalsha", sc.sha, strconv.Itoa(declared))
+	extra := 0
+	for i, r := range reqs {
+		if i > 0 && cross {
+			extra += len(r.keys)
+			continue
+		}
+		for k := range r.keys {
+			args = append(args, &r.keys[k])
+		}
+	}
+	args = append(args, strconv.Itoa(len(reqs)), strconv.Itoa(extra))
+	if extra > 0 {
+		for _, r := range reqs[1:] {
+			for k := range r.keys {
+				args = append(args, &r.keys[k])
+			}
+		}
+	}
 	for _, r := range reqs {
 		args = append(args, &r.cost, &r.nlimits, &r.countDenied)
 		for i := range r.spans {

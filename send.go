@@ -69,7 +69,7 @@ func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *
 // them.
 func call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) error {
 	var buf [24]any
-	vals, err := eval(ctx, c, sc, callArgs(buf[:0], sc, reqs))
+	vals, err := eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider))
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,12 @@
 -- A call carries one or more requests, decided in order, each against one
 -- or more limits (a request is allowed only if every limit admits it).
 --   ARGV[1]: the number of requests.
+--   ARGV[2]: the number of keys that follow in ARGV, after those of KEYS:
+--     0 but for a batch on a Redis Cluster master, which declares only one
+--     slot's keys (Redis refuses declared keys of several slots) and passes
+--     the others here; the script, declared allow-cross-slot-keys, reads
+--     them one by one before it writes anything, so that a key this master
+--     does not serve fails the call before any write.
 --   Per request: its cost (0 looks without counting), its number of
 --     limits, and 1 if a denied request is counted too, else 0.
 --   Per limit of the request: its rate, then two numbers that say how to
@@ -13,7 +19,8 @@
 --         its keys are the current and the previous window's.
 --       strict: the number of keys and 0; its keys are its sub-windows,
 --         current first, each counted in full.
---   KEYS: per request, per limit, its keys in that order.
+--   KEYS, then the keys in ARGV: per request, per limit, its keys in that
+--     order.
 -- Reply: per request, 1 if allowed else 0, then per limit its keys' counts
 --   as they were before the request; -1 for a value that is not a count.
 --
@@ -24,11 +31,20 @@
 -- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
 -- of a key that exists; a new key is SET with its TTL, which outlives every
 -- window that reads it. Redis expires keys as of the script's start.
-local got = redis.call('MGET', unpack(KEYS))
+local keys, got, arg = KEYS, nil, 3
+if ARGV[2] == '0' then
+  got = redis.call('MGET', unpack(KEYS))
+else
+  keys, got = {}, {}
+  for i = 1, #KEYS do keys[i] = KEYS[i] end
+  for i = 1, tonumber(ARGV[2]) do keys[#keys + 1] = ARGV[2 + i] end
+  for i = 1, #keys do got[i] = redis.call('GET', keys[i]) end
+  arg = 3 + tonumber(ARGV[2])
+end
 -- counts written by earlier requests of this call, by key
 local written = ARGV[1] ~= '1' and {} or nil
 local reply = {}
-local key, arg = 1, 2
+local key = 1
 for _ = 1, tonumber(ARGV[1]) do
   local cost = tonumber(ARGV[arg])
   local limits = tonumber(ARGV[arg + 1])
@@ -43,7 +59,7 @@ for _ = 1, tonumber(ARGV[1]) do
     local nkeys = window > 0 and 2 or weight
     local usage = 0
     for j = k, k + nkeys - 1 do
-      local count = written and written[KEYS[j]] or tonumber(got[j] or 0)
+      local count = written and written[keys[j]] or tonumber(got[j] or 0)
       if not count or count < 0 or count % 1 ~= 0 then
         -- not a count: this request is denied, unwritten, and reported
         -- with -1, so that one bad value fails no other request
@@ -77,11 +93,11 @@ for _ = 1, tonumber(ARGV[1]) do
       end
       if add > 0 then
         if cur == 0 and not got[k] then
-          redis.call('SET', KEYS[k], add_arg, 'PX', ARGV[a + 3])
+          redis.call('SET', keys[k], add_arg, 'PX', ARGV[a + 3])
         else
-          redis.call('INCRBY', KEYS[k], add_arg)
+          redis.call('INCRBY', keys[k], add_arg)
         end
-        if written then written[KEYS[k]] = cur + add end
+        if written then written[keys[k]] = cur + add end
       end
       r, k, a = r + nkeys, k + nkeys, a + 4
     end
