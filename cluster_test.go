@@ -1,0 +1,92 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// A batch sent to a Cluster master that does not serve its keys (as after a
+// resharding or a failover the client has not seen yet) is refused before
+// the script writes anything, and goes again one decision per call through
+// the Cluster client: every decision is made, and counted exactly once.
+func TestClusterBatchRefusedGoesAgain(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := context.Background()
+	l := New(cc, WithPrefix(t.Name()))
+	limit := PerMinute(10)
+
+	// ids by master, and a master that serves none of some ids
+	byNode := map[*redis.Client][]string{}
+	for i := 0; len(byNode) < 3 || fewest(byNode) < 3; i++ {
+		id := fmt.Sprint("id-", i)
+		d := l.newTestDecision(id, limit)
+		node, err := cc.MasterForKey(ctx, d.reqs[0].keys[0])
+		require.NoError(t, err)
+		byNode[node] = append(byNode[node], id)
+	}
+	var home, elsewhere *redis.Client
+	for node := range byNode {
+		if home == nil {
+			home = node
+		} else if elsewhere == nil {
+			elsewhere = node
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		ids  []string // the batch: which master serves which id
+	}{
+		{"first id elsewhere (MOVED)", []string{byNode[elsewhere][0], byNode[home][0], byNode[home][1]}},
+		{"a later id elsewhere (non local key)", []string{byNode[home][2], byNode[elsewhere][1], byNode[elsewhere][2]}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &batcher{l: l, maxBatch: 64, client: home, cross: true}
+			var batch []*pending
+			var reqs []*request
+			for _, id := range tc.ids {
+				d := l.newTestDecision(id, limit)
+				p := &pending{reqs: d.reqs, done: make(chan error, 1)}
+				batch = append(batch, p)
+				reqs = append(reqs, d.reqs...)
+			}
+			b.send(batch, reqs)
+			for i, p := range batch {
+				require.NoError(t, <-p.done, tc.ids[i])
+				require.True(t, p.reqs[0].allowed, tc.ids[i])
+				require.Equal(t, int64(0), p.reqs[0].spans[0].seen[0], "%s was counted before", tc.ids[i])
+			}
+			for _, id := range tc.ids {
+				res, err := l.Peek(ctx, id, limit)
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Count, "%s counted once", id)
+			}
+			require.False(t, l.nodes.off.Load(), "a refused batch does not turn cluster batching off")
+		})
+	}
+}
+
+// fewest returns the fewest ids any master serves in m.
+func fewest(m map[*redis.Client][]string) int {
+	least := -1
+	for _, ids := range m {
+		if least < 0 || len(ids) < least {
+			least = len(ids)
+		}
+	}
+	return least
+}
+
+// newTestDecision builds a cost-1 decision of id against limit, now.
+func (l *Limiter) newTestDecision(id string, limit Limit) *decision {
+	d := &decision{cost: 1, limits: []Limit{limit}, results: make([]Result, 1)}
+	l.build(d, id, l.now().UnixMilli())
+	return d
+}
