@@ -99,7 +99,7 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 			declared += len(r.keys)
 		}
 	}
-	args = append(args, "evalsha", sc.sha, strconv.Itoa(declared))
+	args = append(args, "evalsha", sc.sha, intArg(declared))
 	extra := 0
 	for i, r := range reqs {
 		if i > 0 && cross {
@@ -110,7 +110,7 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 			args = append(args, &r.keys[k])
 		}
 	}
-	args = append(args, strconv.Itoa(len(reqs)), strconv.Itoa(extra))
+	args = append(args, intArg(len(reqs)), intArg(extra))
 	if extra > 0 {
 		for _, r := range reqs[1:] {
 			for k := range r.keys {
@@ -126,6 +126,24 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 		}
 	}
 	return args
+}
+
+// smallInts are the numbers a call's header most often holds, as command
+// arguments boxed once: a string made at each call would be boxed, and
+// allocated, at each call.
+var smallInts = func() (a [256]any) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// intArg returns n as a command argument.
+func intArg(n int) any {
+	if n >= 0 && n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
 }
 
 // decodeReply checks the script's reply to a call for reqs and stores each
