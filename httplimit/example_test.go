@@ -61,3 +61,44 @@ func ExampleMiddleware() {
 	// 429 "free";r=0;t=31
 	// 200 "paid";r=99;t=31
 }
+
+// A burst limit and an hourly quota, decided together: the third request
+// within a second is denied by the burst limit, and not counted under the
+// hourly one.
+func ExampleWithPolicies() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	// A fixed clock, 30 minutes and half a second into an hour, so that the
+	// output below is exact.
+	now := time.UnixMilli(1_700_004_600_500)
+	limiter := ratelimit.New(client, ratelimit.WithClock(func() time.Time { return now }))
+
+	mw, err := httplimit.New(limiter, ratelimit.PerSecond(2),
+		httplimit.WithPolicyName("burst"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(100)}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") }))
+
+	var w *httptest.ResponseRecorder
+	for range 3 {
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/hello", nil))
+		fmt.Println(w.Code, w.Header().Get("RateLimit"))
+	}
+	fmt.Println("Retry-After:", w.Header().Get("Retry-After"))
+	fmt.Println("RateLimit-Policy:", w.Header().Get("RateLimit-Policy"))
+	// Output:
+	// 200 "burst";r=1;t=1, "hourly";r=99;t=1800
+	// 200 "burst";r=0;t=2, "hourly";r=98;t=3600
+	// 429 "burst";r=0;t=1, "hourly";r=98;t=3600
+	// Retry-After: 1
+	// RateLimit-Policy: "burst";q=2;w=1, "hourly";q=100;w=3600
+}

@@ -264,7 +264,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, AllHeaders, newPolicy(name, limit), res)
+				setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: name, Limit: limit}, nil)}, []ratelimit.Result{res})
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -287,6 +287,175 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSeveralPoliciesAreStructuredFields sends decisions of plans of two
+// and three policies, under awkward names, shadowed policies among them,
+// and parses every rate-limit header: RateLimit-Policy and RateLimit as an
+// sf-list of one string item per enforced policy, in order, with the
+// expected integer parameters; the X-RateLimit headers and Retry-After as
+// integers of the binding Result. A shadowed policy, and a decision shadow
+// mode let through, appear nowhere.
+func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
+	ms := time.Millisecond
+	burst := Policy{Name: "burst", Limit: ratelimit.PerSecond(10)}
+	daily := Policy{Name: `"daily", \quota`, Limit: ratelimit.Limit{Rate: 10_000, Window: 24 * time.Hour}}
+	odd := Policy{Name: "naïve\tmix", Limit: ratelimit.Limit{Rate: 7, Window: 1500 * ms, Strict: true}}
+	unnamed := Policy{Limit: ratelimit.PerMinute(100)}
+	shadowed := func(p Policy) Policy { p.Shadow = true; return p }
+	plans := [][]Policy{
+		{burst, daily},
+		{daily, burst},
+		{burst, unnamed, daily},
+		{odd, burst},
+		{burst, shadowed(daily)},
+		{shadowed(burst), unnamed, daily},
+		{shadowed(burst), shadowed(daily)},
+	}
+	// Each outcome gives the Results of one decision: result(i, last, limit)
+	// is that of the i-th enforced policy, the last one if last. Shadowed
+	// policies get a Result that would have denied, with the decision's
+	// Allowed.
+	outcomes := []struct {
+		name    string
+		allowed bool
+		result  func(i int, last bool, limit ratelimit.Limit) ratelimit.Result
+	}{
+		{"allowed", true, func(i int, _ bool, limit ratelimit.Limit) ratelimit.Result {
+			return ratelimit.Result{Count: int64(i + 1), Remaining: limit.Rate - int64(i+1), ResetAfter: time.Duration(i+1) * 700 * ms}
+		}},
+		{"denied by the first", false, func(i int, _ bool, limit ratelimit.Limit) ratelimit.Result {
+			if i == 0 {
+				return ratelimit.Result{Count: limit.Rate, RetryAfter: 300 * ms, ResetAfter: 2 * time.Second}
+			}
+			return ratelimit.Result{Count: 2, Remaining: limit.Rate - 2, ResetAfter: time.Hour}
+		}},
+		{"denied by all", false, func(i int, _ bool, limit ratelimit.Limit) ratelimit.Result {
+			return ratelimit.Result{Count: limit.Rate, RetryAfter: time.Duration(i+1) * 1100 * ms, ResetAfter: 3 * time.Hour}
+		}},
+		{"never passes under the last", false, func(i int, last bool, limit ratelimit.Limit) ratelimit.Result {
+			res := ratelimit.Result{Count: 1, Remaining: limit.Rate - 1, RetryAfter: time.Duration(i) * 500 * ms, ResetAfter: time.Second}
+			if last {
+				res.RetryAfter = ratelimit.InfDuration
+			}
+			return res
+		}},
+		{"degraded", true, func(_ int, _ bool, limit ratelimit.Limit) ratelimit.Result {
+			return ratelimit.Result{Degraded: true, Remaining: limit.Rate}
+		}},
+		{"let through by WithShadow", true, func(_ int, _ bool, limit ratelimit.Limit) ratelimit.Result {
+			return ratelimit.Result{Shadowed: true, Count: limit.Rate, RetryAfter: 2 * time.Second}
+		}},
+	}
+	for pi, given := range plans {
+		ps := make([]policy, len(given))
+		enforced := 0
+		for i, p := range given {
+			ps[i] = resolve(p, nil)
+			if !ps[i].limit.Shadow {
+				enforced++
+			}
+		}
+		pl := newPlan(ps)
+		require.Empty(t, pl.check())
+		for _, o := range outcomes {
+			t.Run(fmt.Sprintf("plan %d %s", pi, o.name), func(t *testing.T) {
+				results := make([]ratelimit.Result, len(ps))
+				e := 0
+				for i, p := range ps {
+					if p.limit.Shadow {
+						results[i] = ratelimit.Result{Shadowed: true, Count: p.limit.Rate, RetryAfter: 2 * time.Second, ResetAfter: 5 * time.Second}
+					} else {
+						results[i] = o.result(e, e == enforced-1, p.limit)
+						e++
+					}
+					results[i].Limit = p.limit
+					results[i].Allowed = o.allowed
+				}
+				h := http.Header{}
+				shownP, shownR := shown(pl, results)
+				setHeaders(h, AllHeaders, shownP, shownR)
+
+				var wantPolicy, wantState []sfItem
+				var visible []ratelimit.Result
+				never := false
+				for i, p := range ps {
+					res := results[i]
+					if p.limit.Shadow || res.Shadowed {
+						continue
+					}
+					visible = append(visible, res)
+					never = never || (!res.Allowed && res.RetryAfter < 0)
+				}
+				if len(visible) == 0 {
+					require.Empty(t, h, "nothing is shown")
+					return
+				}
+				for i, p := range ps {
+					res := results[i]
+					if p.limit.Shadow || res.Shadowed {
+						continue
+					}
+					sent := sfSent(p.name)
+					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.limit.Rate}, {"w", seconds(p.limit.Window)}}})
+					params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+					if never {
+						params = params[:1]
+					}
+					wantState = append(wantState, sfItem{Value: sent, Params: params})
+				}
+				items, err := parseSFList(h.Get(HeaderPolicy))
+				require.NoError(t, err)
+				require.Equal(t, wantPolicy, items)
+
+				b := ratelimit.Binding(visible)
+				require.Equal(t, strconv.FormatInt(b.Limit.Rate, 10), h.Get(HeaderLimit))
+				if visible[0].Degraded {
+					require.Empty(t, h.Values(HeaderRateLimit))
+					require.Empty(t, h.Values(HeaderRemaining))
+					require.Empty(t, h.Values(HeaderReset))
+					require.Empty(t, h.Values(HeaderRetryAfter))
+					return
+				}
+				items, err = parseSFList(h.Get(HeaderRateLimit))
+				require.NoError(t, err)
+				require.Equal(t, wantState, items)
+
+				require.Equal(t, strconv.FormatInt(b.Remaining, 10), h.Get(HeaderRemaining))
+				if never {
+					require.Empty(t, h.Values(HeaderReset))
+					require.Empty(t, h.Values(HeaderRetryAfter))
+					return
+				}
+				reset, err := strconv.ParseInt(h.Get(HeaderReset), 10, 64)
+				require.NoError(t, err)
+				require.Equal(t, resetSeconds(b), reset)
+				if b.Allowed {
+					require.Empty(t, h.Values(HeaderRetryAfter))
+					return
+				}
+				retry, err := strconv.ParseInt(h.Get(HeaderRetryAfter), 10, 64)
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, retry, int64(1))
+				require.Equal(t, reset, retry, "Retry-After is the binding limit's t")
+				for _, res := range visible {
+					require.GreaterOrEqual(t, time.Duration(retry)*time.Second, res.RetryAfter, "no limit still denies after Retry-After")
+				}
+			})
+		}
+	}
+}
+
+// sfSent is what a name reads as once sent as an sf-string and parsed:
+// bytes outside printable ASCII became '_'.
+func sfSent(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
 
 func TestPolicyName(t *testing.T) {
@@ -331,7 +500,7 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, AllHeaders, newPolicy("p", tc.res.Limit), tc.res)
+			setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: "p", Limit: tc.res.Limit}, nil)}, []ratelimit.Result{tc.res})
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`

@@ -10,12 +10,21 @@
 // API key or user id instead, WithRoute counts each route apart, and
 // WithLimitFunc picks a limit per request, for plans.
 //
+// A request may be held to several limits at once, such as a burst limit
+// and a daily one (WithPolicies; WithPlanFunc per tier or route): one script
+// call decides them all, and a request one of them denies is counted under
+// none of them.
+// A policy can be shadowed (Policy.Shadow) to see what it would do before
+// enforcing it: it is counted, never denies and sends no header, and its
+// would-be denials go to WithShadowHandler.
+//
 // Every counted response carries X-RateLimit-Limit, X-RateLimit-Remaining
-// and X-RateLimit-Reset, and the IETF draft's RateLimit-Policy and
-// RateLimit; a denied request gets 429 with Retry-After, and a request Redis
-// could not decide under ratelimit.FailClosed gets 503. A decision Redis did
-// not make (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy
-// only, and a request that can never pass gets no time to retry at.
+// and X-RateLimit-Reset, for the binding limit, and the IETF draft's
+// RateLimit-Policy and RateLimit, which list every enforced policy; a denied
+// request gets 429 with Retry-After, and a request Redis could not decide
+// under ratelimit.FailClosed gets 503. A decision Redis did not make
+// (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy only, and a
+// request that can never pass gets no time to retry at.
 //
 // New reports a configuration error; Middleware, which cannot fail, logs it
 // once and answers every request with 500. Nothing in the package panics on
@@ -25,7 +34,6 @@ package httplimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 
@@ -33,26 +41,50 @@ import (
 )
 
 // Middleware returns middleware that decides each request against limit
-// with l, and passes it on to the next handler only if it is allowed.
+// (and the policies of WithPolicies, if any) with l, and passes it on to the
+// next handler only if it is allowed.
 //
 // In the order it happens: a request WithSkip or WithAllowList lets through
 // goes on untouched. The others are counted under their identity (WithKeys,
 // WithRoute; by default the client address), at their cost (WithCost;
-// default 1), against their limit (WithLimitFunc; default limit). The
-// Result is stored in the request's context (FromContext). Then:
+// default 1), against their plan (WithPolicies, WithLimitFunc, WithPlanFunc;
+// default limit alone), in one call of l.AllowAll. The Results are stored in
+// the request's context (FromContext for the binding one, FromContextAll
+// for each). The shadow handler sees each denial that shadow mode let
+// through (WithShadowHandler). Then:
 //
 //   - allowed: the rate-limit headers (WithHeaders) are set and the next
 //     handler serves the request;
 //   - denied: the rate-limit headers are set and the denied handler answers
 //     (WithDeniedHandler; default 429 with Retry-After, in whole seconds
 //     rounded up, and a problem+json body). A request whose cost is above
-//     the limit's rate can never pass: its 429 carries the limit, the
-//     remaining count and the policy, but no Retry-After, X-RateLimit-Reset
-//     or RateLimit t, since any of them would invite a retry that fails;
+//     an enforced limit's rate can never pass: its 429 carries the limits, the
+//     remaining counts and the policies, but no Retry-After,
+//     X-RateLimit-Reset or RateLimit t, since any of them would invite a
+//     retry that fails;
 //   - the limiter returned an error: the error handler answers
 //     (WithErrorHandler; default 503 for Redis down under FailClosed or the
 //     request's context ended, 500 for invalid input), with
 //     X-RateLimit-Limit and RateLimit-Policy set if the Result is Degraded.
+//
+// With several policies, RateLimit-Policy and RateLimit list every enforced
+// policy in the plan's order, each RateLimit item with its own r and t:
+//
+//	RateLimit-Policy: "burst";q=5;w=1, "hourly";q=100;w=3600
+//	RateLimit: "burst";r=0;t=1, "hourly";r=95;t=6195
+//
+// X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and
+// Retry-After describe the binding policy (see FromContext): on a 429 the
+// one whose wait is longest, so that Retry-After is when every limit admits
+// the request again; otherwise the one with the least remaining.
+//
+// Shadowed policies send no header at all, so that clients see nothing of
+// a trial. Under ratelimit.WithShadow the Limiter never denies, so neither
+// does the middleware; a request the limits would have denied (its Results
+// are Shadowed) goes through with no rate-limit header either, while the
+// others carry theirs, which are true: their counts are real. To trial a
+// whole plan with no trace in any response, shadow its policies rather than
+// the Limiter, or add WithHeaders(0).
 //
 // Under ratelimit.FailOpen, a request Redis could not decide is allowed; its
 // response carries X-RateLimit-Limit and RateLimit-Policy, which are true,
@@ -81,8 +113,10 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 }
 
 // New is Middleware that reports a configuration error instead of serving
-// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), or an
-// option given invalid values; the error names each problem.
+// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), a plan
+// that WithPolicies rejects (two policies of one window or one name, more
+// than ratelimit.MaxLimits), or an option given invalid values; the error
+// names each problem, and the policies at fault.
 func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http.Handler) http.Handler, error) {
 	cfg := config{headers: AllHeaders}
 	for _, opt := range opts {
@@ -93,9 +127,16 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
 	}
-	if err := limit.Validate(); err != nil {
-		cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: %w", err))
+	if cfg.plan != nil && cfg.policy != nil {
+		cfg.errs = append(cfg.errs, errors.New("httplimit: WithPlanFunc and WithLimitFunc both choose the main limit; use one"))
 	}
+	main := resolve(Policy{Name: cfg.name, Limit: limit}, nil)
+	policies := []policy{main}
+	for _, p := range cfg.extra {
+		policies = append(policies, resolve(p, &main))
+	}
+	static := newPlan(policies)
+	cfg.errs = append(cfg.errs, static.check()...)
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
@@ -105,11 +146,7 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if cfg.onError == nil {
 		cfg.onError = defaultErrorHandler
 	}
-	name := cfg.name
-	if name == "" {
-		name = policyName(limit)
-	}
-	m := &middleware{cfg: cfg, limiter: l, base: newPolicy(name, limit)}
+	m := &middleware{cfg: cfg, limiter: l, static: static}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
@@ -117,30 +154,49 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	}, nil
 }
 
-// FromContext returns the Result of the decision the middleware made for
-// the request whose context ctx is, and whether there was one: there is
-// none for a request it let through uncounted.
-func FromContext(ctx context.Context) (ratelimit.Result, bool) {
-	res, ok := ctx.Value(resultKey{}).(ratelimit.Result)
-	return res, ok
+// decided is what the middleware stores in a request's context.
+type decided struct {
+	results []ratelimit.Result
+	binding ratelimit.Result
 }
 
 type resultKey struct{}
 
-// policy is a limit with its name already quoted for the IETF headers.
-type policy struct {
-	limit  ratelimit.Limit
-	quoted string
+// FromContext returns the binding Result of the decision the middleware
+// made for the request whose context ctx is, and whether there was one:
+// there is none for a request it let through uncounted. With one policy it
+// is that policy's Result. With several it is the one ratelimit.Binding
+// picks among the enforced policies' Results (among all, when every policy
+// is shadowed), a decision that shadow mode let through being ranked as the
+// denial it would have been: the Result the X-RateLimit headers and
+// Retry-After describe.
+func FromContext(ctx context.Context) (ratelimit.Result, bool) {
+	d, ok := ctx.Value(resultKey{}).(*decided)
+	if !ok {
+		return ratelimit.Result{}, false
+	}
+	return d.binding, true
 }
 
-func newPolicy(name string, limit ratelimit.Limit) *policy {
-	return &policy{limit: limit, quoted: sfString(name)}
+// FromContextAll returns every Result of the decision the middleware made
+// for the request whose context ctx is, one per policy, shadowed ones
+// included, in the order of the plan (the limit given to Middleware first,
+// then WithPolicies' in order; or WithPlanFunc's), and whether there was a
+// decision. The slice is the caller's own.
+func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
+	d, ok := ctx.Value(resultKey{}).(*decided)
+	if !ok {
+		return nil, false
+	}
+	return append([]ratelimit.Result(nil), d.results...), true
 }
 
 type middleware struct {
 	cfg     config
 	limiter *ratelimit.Limiter
-	base    *policy // the limit given to Middleware, with its name
+	// static is the plan of the limit given to Middleware and WithPolicies'
+	// ones, built and checked once by New.
+	static *plan
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -159,42 +215,55 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 		}
 	}
-	p := m.policyFor(r)
-	cost := int64(1)
-	if c.cost != nil {
-		cost = c.cost(r)
+	pl, err := m.planFor(r)
+	var results []ratelimit.Result
+	if err == nil {
+		cost := int64(1)
+		if c.cost != nil {
+			cost = c.cost(r)
+		}
+		results, err = m.limiter.AllowAll(r.Context(), c.identity(r), pl.limits, cost)
+	} else {
+		results = errPlanResults(pl)
 	}
-	res, err := m.limiter.AllowN(r.Context(), c.identity(r), p.limit, cost)
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
+	d := &decided{results: results, binding: binding(results)}
+	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
-		if res.Degraded {
-			setPolicyHeaders(w.Header(), c.headers, p)
+		if d.binding.Degraded {
+			ps, rs := shown(pl, results)
+			if len(rs) > 0 {
+				setPolicyHeaders(w.Header(), c.headers, ps, ratelimit.Binding(rs))
+			}
 		}
 		c.onError(w, r, err)
 		return
 	}
-	setHeaders(w.Header(), c.headers, p, res)
-	if !res.Allowed {
+	if c.onShadow != nil {
+		m.reportShadowed(r, d)
+	}
+	ps, rs := shown(pl, results)
+	setHeaders(w.Header(), c.headers, ps, rs)
+	if !d.binding.Allowed {
 		c.denied.ServeHTTP(w, r)
 		return
 	}
 	next.ServeHTTP(w, r)
 }
 
-// policyFor returns the limit r is decided against, and its name.
-func (m *middleware) policyFor(r *http.Request) *policy {
-	if m.cfg.policy == nil {
-		return m.base
-	}
-	p := m.cfg.policy(r)
-	if p.Limit == (ratelimit.Limit{}) {
-		if p.Name == "" {
-			return m.base
+// reportShadowed calls the shadow handler for each denial shadow mode let
+// through (see WithShadowHandler).
+func (m *middleware) reportShadowed(r *http.Request, d *decided) {
+	whole := false
+	for _, res := range d.results {
+		if !res.Limit.Shadow {
+			whole = whole || res.Shadowed
+			continue
 		}
-		return newPolicy(p.Name, m.base.limit)
+		if wouldDeny(res) {
+			m.cfg.onShadow(r, res)
+		}
 	}
-	if p.Name == "" {
-		p.Name = policyName(p.Limit)
+	if whole {
+		m.cfg.onShadow(r, d.binding)
 	}
-	return newPolicy(p.Name, p.Limit)
 }

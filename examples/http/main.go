@@ -1,6 +1,10 @@
-// Command http serves a small API behind the rate-limit middleware: a free
-// tier of 5 requests a minute counted by client address, and a paid tier of
-// 100 a minute counted by API key. It keeps its counts in an embedded
+// Command http serves a small API behind the rate-limit middleware. Each
+// client is held to two limits at once, decided in one script call: a
+// "burst" of 5 requests a second and an "hourly" quota of 100, counted by
+// client address; paying clients, counted by API key, get 50 a second and
+// 10000 an hour. The free plan also tries a third limit, 30 a minute, in
+// shadow mode: it is counted and logged when it would have denied, but it
+// never denies and no header mentions it. The counts live in an embedded
 // in-process Redis (miniredis), or a real one when REDIS_ADDR is set:
 //
 //	go run ./examples/http
@@ -52,15 +56,28 @@ func main() {
 	limiter := ratelimit.New(client, ratelimit.WithPrefix("example-http"))
 
 	known := func(key string) bool { return paidKeys[key] }
+	// The trial limit: counted, never enforced, never in a header.
+	trial := httplimit.Policy{Name: "per-minute", Limit: ratelimit.PerMinute(30), Shadow: true}
+	paid := []httplimit.Policy{
+		{Name: "burst", Limit: ratelimit.PerSecond(50)},
+		{Name: "hourly", Limit: ratelimit.PerHour(10000)},
+	}
 	opts := []httplimit.Option{
-		httplimit.WithPolicyName("free"),
+		// The free plan: the limit given to Middleware, named "burst", and
+		// these beside it.
+		httplimit.WithPolicyName("burst"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(100)}, trial),
 		// Authenticated traffic by API key; the rest, and unknown keys, by address.
 		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
-		httplimit.WithLimitFunc(func(r *http.Request) httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
 			if known(r.Header.Get("X-API-Key")) {
-				return httplimit.Policy{Name: "paid", Limit: ratelimit.PerMinute(100)}
+				return paid
 			}
-			return httplimit.Policy{} // the free tier given to Middleware
+			return nil // the free plan
+		}),
+		httplimit.WithShadowHandler(func(r *http.Request, res ratelimit.Result) {
+			log.Printf("shadow: %q would have denied %s %s (count %d of %d)",
+				res.Limit.Name, r.Method, r.URL.Path, res.Count, res.Limit.Rate)
 		}),
 		httplimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 	}
@@ -71,7 +88,10 @@ func main() {
 		}
 		opts = append(opts, httplimit.WithTrustedProxies("X-Forwarded-For", proxies...))
 	}
-	limit := httplimit.Middleware(limiter, ratelimit.PerMinute(5), opts...)
+	limit, err := httplimit.New(limiter, ratelimit.PerSecond(5), opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /hello", hello)
@@ -84,9 +104,9 @@ func main() {
 	}
 	base := "http://" + hostPort(ln.Addr())
 	fmt.Printf("Listening on %s, counting in %s. Try:\n\n", base, where)
-	fmt.Printf("  curl -i %s/hello                                  # free tier: 5 a minute per address\n", base)
-	fmt.Printf("  curl -i -H 'X-API-Key: demo-paid-key' %s/hello    # paid tier: 100 a minute per key\n", base)
-	fmt.Printf("  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\\n' %s/hello; done\n\n", base)
+	fmt.Printf("  curl -i %s/hello                                  # free: 5 a second and 100 an hour per address\n", base)
+	fmt.Printf("  curl -i -H 'X-API-Key: demo-paid-key' %s/hello    # paid: 50 a second and 10000 an hour per key\n", base)
+	fmt.Printf("  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code} ' %s/hello; done\n\n", base)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -110,17 +130,26 @@ func main() {
 }
 
 // hello answers with the caller's tier and, when Redis decided, what is left
-// of its quota. A Degraded Result (Redis down, FailOpen) has no real count,
-// so, as the middleware's headers do, it reports none rather than a made-up
-// one.
+// of each enforced limit, as the RateLimit header shows it. A Degraded
+// Result (Redis down, FailOpen) has no real count, so, as the middleware's
+// headers do, it reports none rather than a made-up one; a shadowed limit
+// is not the client's business.
 func hello(w http.ResponseWriter, r *http.Request) {
 	tier := "free"
 	if paidKeys[r.Header.Get("X-API-Key")] {
 		tier = "paid"
 	}
 	body := map[string]any{"message": "hello", "tier": tier}
-	if res, ok := httplimit.FromContext(r.Context()); ok && !res.Degraded {
-		body["remaining"] = res.Remaining
+	if results, ok := httplimit.FromContextAll(r.Context()); ok {
+		remaining := map[string]int64{}
+		for _, res := range results {
+			if !res.Degraded && !res.Limit.Shadow {
+				remaining[res.Limit.Name] = res.Remaining
+			}
+		}
+		if len(remaining) > 0 {
+			body["remaining"] = remaining
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(body)

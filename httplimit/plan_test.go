@@ -1,0 +1,513 @@
+package httplimit_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
+)
+
+// burst and hourly are the two-limit plan most of these tests use.
+var (
+	burst  = ratelimit.PerSecond(2)
+	hourly = ratelimit.PerHour(5)
+)
+
+// twoLimits returns the middleware of the plan "burst" (2 a second) and
+// "hourly" (5 an hour) around a handler that counts its calls.
+func (e *env) twoLimits(served *int, opts ...httplimit.Option) http.Handler {
+	opts = append([]httplimit.Option{
+		httplimit.WithPolicyName("burst"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}),
+	}, opts...)
+	return e.handler(served, burst, opts...)
+}
+
+// counts returns id's counts under limits now, without adding to them.
+func (e *env) counts(t *testing.T, id string, limits ...ratelimit.Limit) []int64 {
+	t.Helper()
+	results, err := e.limiter.PeekAll(context.Background(), id, limits)
+	require.NoError(t, err)
+	out := make([]int64, len(results))
+	for i, res := range results {
+		out[i] = res.Count
+	}
+	return out
+}
+
+// TestTwoLimitsAtTheLimits walks one client into a burst limit of 2 a
+// second, and later into an hourly limit of 5, half a second into a second
+// and 30 minutes into an hour, and checks every header of every response,
+// and that a request one limit denies is counted under neither.
+//
+// With c requests in the current window and none before, e ms into a window
+// of w ms, the count is 0 again once the next window is m ms old with
+// floor(c×(w-m)/w) = 0, that is m > w×(c-1)/c: after w - e + m ms. The
+// burst's count of 2 at 500ms is 0 after 500+501ms, 2s rounded up; the
+// hourly count of 2 at 1800.5s after 1799.5s+1800.001s, 3600s; of 5 at
+// 1804.5s after 1795.5s+2880.001s, 4676s. A denied request passes once the
+// estimate is below the rate again: 1ms into the next window, so 501ms
+// (1s) for the burst and 1795.501s for the hourly limit at 1804.5s.
+func TestTwoLimitsAtTheLimits(t *testing.T) {
+	e := newEnv(t)
+	start := epoch.Add(30*time.Minute + 500*time.Millisecond)
+	served := 0
+	h := e.twoLimits(&served)
+	policy := `"burst";q=2;w=1, "hourly";q=5;w=3600`
+	steps := []struct {
+		at      time.Duration // after start
+		status  int
+		headers map[string]string
+		counts  []int64 // burst, hourly after the request
+	}{
+		{0, 200, map[string]string{
+			"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "1", "X-Ratelimit-Reset": "1",
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=1;t=1, "hourly";r=4;t=1800`,
+		}, []int64{1, 1}},
+		{0, 200, map[string]string{
+			"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "2",
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=0;t=2, "hourly";r=3;t=3600`,
+		}, []int64{2, 2}},
+		{0, 429, map[string]string{ // the burst denies: not counted under the hourly limit
+			"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "1",
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=0;t=1, "hourly";r=3;t=3600`, "Retry-After": "1",
+		}, []int64{2, 2}},
+		{2 * time.Second, 200, nil, []int64{1, 3}},
+		{2 * time.Second, 200, nil, []int64{2, 4}},
+		{4 * time.Second, 200, map[string]string{ // the hourly limit binds: 0 left
+			"X-Ratelimit-Limit": "5", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "4676",
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=1;t=1, "hourly";r=0;t=4676`,
+		}, []int64{1, 5}},
+		{4 * time.Second, 429, map[string]string{ // the hourly limit denies: not counted under the burst
+			"X-Ratelimit-Limit": "5", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "1796",
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=1;t=1, "hourly";r=0;t=1796`, "Retry-After": "1796",
+		}, []int64{1, 5}},
+	}
+	for i, s := range steps {
+		e.clock.Set(start.Add(s.at))
+		w := serve(h, request("192.0.2.1:1"))
+		require.Equal(t, s.status, w.Code, "request %d", i+1)
+		if s.headers != nil {
+			require.Equal(t, s.headers, headersOf(t, w), "request %d", i+1)
+		}
+		require.Equal(t, s.counts, e.counts(t, "ip:192.0.2.1", burst, hourly), "request %d", i+1)
+	}
+	require.Equal(t, 5, served)
+}
+
+// TestPlanResults checks what FromContext and FromContextAll give a handler
+// of a two-limit plan, and that the Limiter's Observer sees the policies'
+// names.
+func TestPlanResults(t *testing.T) {
+	var names []string
+	e := newEnv(t, ratelimit.WithObserver(ratelimit.ObserverFunc(func(_ context.Context, ev *ratelimit.Event) {
+		names = names[:0]
+		for _, res := range ev.Results {
+			names = append(names, res.Limit.Name)
+		}
+	})))
+	var one ratelimit.Result
+	var all []ratelimit.Result
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var ok bool
+		one, ok = httplimit.FromContext(r.Context())
+		require.True(t, ok)
+		all, ok = httplimit.FromContextAll(r.Context())
+		require.True(t, ok)
+		all[0].Count = 99 // the caller's own copy
+		all, _ = httplimit.FromContextAll(r.Context())
+	})
+	h := httplimit.Middleware(e.limiter, burst, httplimit.WithPolicyName("burst"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}))(next)
+	serve(h, request("192.0.2.1:1"))
+
+	namedBurst, namedHourly := burst, hourly
+	namedBurst.Name, namedHourly.Name = "burst", "hourly"
+	want := []ratelimit.Result{
+		{Allowed: true, Count: 1, Limit: namedBurst, Remaining: 1, ResetAfter: 1001 * time.Millisecond},
+		{Allowed: true, Count: 1, Limit: namedHourly, Remaining: 4, ResetAfter: 3600001 * time.Millisecond},
+	}
+	require.Equal(t, want, all)
+	require.Equal(t, want[0], one, "the binding Result: the least remaining")
+	require.Equal(t, []string{"burst", "hourly"}, names)
+
+	_, ok := httplimit.FromContextAll(context.Background())
+	require.False(t, ok)
+}
+
+// TestPlanPerTier gives a free tier, counted by address, and a paid tier,
+// counted by API key, plans of two limits each.
+func TestPlanPerTier(t *testing.T) {
+	e := newEnv(t)
+	e.clock.Set(epoch.Add(30*time.Minute + 500*time.Millisecond))
+	known := func(k string) bool { return k == "paid-1" }
+	free := []httplimit.Policy{
+		{Name: "burst", Limit: ratelimit.PerSecond(1)},
+		{Name: "hourly", Limit: ratelimit.PerHour(2)},
+	}
+	paid := []httplimit.Policy{
+		{Name: "paid-burst", Limit: ratelimit.PerSecond(3)},
+		{Name: "paid-hourly", Limit: ratelimit.PerHour(100)},
+	}
+	served := 0
+	h := e.handler(&served, ratelimit.PerMinute(1000),
+		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
+		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
+			if known(r.Header.Get("X-API-Key")) {
+				return paid
+			}
+			return free
+		}))
+	freePolicy := `"burst";q=1;w=1, "hourly";q=2;w=3600`
+	paidPolicy := `"paid-burst";q=3;w=1, "paid-hourly";q=100;w=3600`
+	tests := []struct {
+		name, apiKey  string
+		at            time.Duration
+		status        int
+		policy, state string
+	}{
+		{"free 1", "", 0, 200, freePolicy, `"burst";r=0;t=1, "hourly";r=1;t=1800`},
+		{"free 2: burst", "", 0, 429, freePolicy, `"burst";r=0;t=1, "hourly";r=1;t=1800`},
+		{"paid 1", "paid-1", 0, 200, paidPolicy, `"paid-burst";r=2;t=1, "paid-hourly";r=99;t=1800`},
+		{"free 3, a second later", "", time.Second, 200, freePolicy, `"burst";r=0;t=1, "hourly";r=0;t=3599`},
+		{"free 4: hourly", "", 3 * time.Second, 429, freePolicy, `"burst";r=1;t=0, "hourly";r=0;t=1797`},
+		{"an unknown key counts as free", "made-up", 3 * time.Second, 429, freePolicy, `"burst";r=1;t=0, "hourly";r=0;t=1797`},
+		{"paid 2", "paid-1", 3 * time.Second, 200, paidPolicy, `"paid-burst";r=2;t=1, "paid-hourly";r=98;t=3597`},
+	}
+	start := e.clock.Now()
+	for _, tc := range tests {
+		e.clock.Set(start.Add(tc.at))
+		w := serve(h, request("192.0.2.1:1", "X-API-Key", tc.apiKey))
+		require.Equal(t, tc.status, w.Code, tc.name)
+		require.Equal(t, tc.policy, w.Header().Get("Ratelimit-Policy"), tc.name)
+		require.Equal(t, tc.state, w.Header().Get("Ratelimit"), tc.name)
+	}
+	require.Equal(t, 4, served)
+	require.Equal(t, []int64{2}, e.counts(t, "ip:192.0.2.1", ratelimit.PerHour(2)))
+	require.Equal(t, []int64{2}, e.counts(t, httplimit.HashedKey("paid-1"), ratelimit.PerHour(100)))
+}
+
+// TestPlanPerRoute gives /search a plan of its own, counted apart with
+// WithRoute, and every other route the default plan.
+func TestPlanPerRoute(t *testing.T) {
+	e := newEnv(t)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /search", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) {})
+	search := []httplimit.Policy{
+		{Name: "search-burst", Limit: ratelimit.PerSecond(1)},
+		{Name: "search-hourly", Limit: ratelimit.PerHour(3)},
+	}
+	route := func(r *http.Request) string { _, p := mux.Handler(r); return p }
+	h := httplimit.Middleware(e.limiter, ratelimit.PerMinute(100),
+		httplimit.WithPolicyName("minute"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(1000)}),
+		httplimit.WithRoute(route),
+		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
+			if route(r) == "GET /search" {
+				return search
+			}
+			return nil // the default plan
+		}))(mux)
+	get := func(path string) *httptest.ResponseRecorder {
+		r := request("203.0.113.7:1")
+		r.URL.Path = path
+		return serve(h, r)
+	}
+	w := get("/search")
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Equal(t, `"search-burst";q=1;w=1, "search-hourly";q=3;w=3600`, w.Header().Get("Ratelimit-Policy"))
+	w = get("/search")
+	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	require.Equal(t, "2", w.Header().Get("Retry-After")) // 1ms into the next second
+	for _, path := range []string{"/items/1", "/items/2"} {
+		w = get(path)
+		require.Equal(t, http.StatusOK, w.Code)
+		require.Equal(t, `"minute";q=100;w=60, "hourly";q=1000;w=3600`, w.Header().Get("Ratelimit-Policy"))
+	}
+	require.Equal(t, []int64{1, 1}, e.counts(t, "GET /search|ip:203.0.113.7", ratelimit.PerSecond(1), ratelimit.PerHour(3)))
+	require.Equal(t, []int64{2, 2}, e.counts(t, "GET /items/{id}|ip:203.0.113.7", ratelimit.PerMinute(100), ratelimit.PerHour(1000)))
+}
+
+// TestPlanConfigurationErrors: New names both policies of a plan that
+// would share a count or a name; a plan chosen per request with the same
+// fault goes to the error handler, naming them too.
+func TestPlanConfigurationErrors(t *testing.T) {
+	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	many := make([]httplimit.Policy, ratelimit.MaxLimits)
+	for i := range many {
+		many[i] = httplimit.Policy{Limit: ratelimit.Limit{Rate: 1, Window: time.Duration(i+2) * time.Second}}
+	}
+	tests := []struct {
+		name    string
+		opts    []httplimit.Option
+		says    string
+		invalid bool // the error wraps ratelimit.ErrInvalidLimit
+	}{
+		{"same window", []httplimit.Option{httplimit.WithPolicyName("main"),
+			httplimit.WithPolicies(httplimit.Policy{Name: "other", Limit: ratelimit.PerMinute(10)})},
+			`policies "main" (100/1m0s) and "other" (10/1m0s) have the same window and would share one count`, true},
+		{"same window, both derived names", []httplimit.Option{
+			httplimit.WithPolicies(httplimit.Policy{Limit: ratelimit.PerSecond(5)}, httplimit.Policy{Limit: ratelimit.PerSecond(7)})},
+			`policies "5-per-1s" (5/1s) and "7-per-1s" (7/1s) have the same window`, true},
+		{"same name", []httplimit.Option{httplimit.WithPolicyName("p"),
+			httplimit.WithPolicies(httplimit.Policy{Name: "p", Limit: ratelimit.PerHour(10)})},
+			`two policies are named "p" (100/1m0s and 10/1h0m0s)`, false},
+		{"policy without a limit", []httplimit.Option{httplimit.WithPolicies(httplimit.Policy{Name: "daily"})},
+			`WithPolicies was given a Policy with no Limit (number 1, named "daily")`, false},
+		{"invalid policy", []httplimit.Option{httplimit.WithPolicies(httplimit.Policy{Name: "daily", Limit: ratelimit.Limit{Rate: 0, Window: time.Hour}})},
+			`policy "daily": ratelimit: invalid limit: rate 0 is below 1`, true},
+		{"too many", []httplimit.Option{httplimit.WithPolicies(many...)}, "17 policies, more than ratelimit.MaxLimits (16)", true},
+		{"plan and limit functions", []httplimit.Option{
+			httplimit.WithPlanFunc(func(*http.Request) []httplimit.Policy { return nil }),
+			httplimit.WithLimitFunc(func(*http.Request) httplimit.Policy { return httplimit.Policy{} })},
+			"WithPlanFunc and WithLimitFunc both choose the main limit", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := httplimit.New(l, ratelimit.PerMinute(100), tc.opts...)
+			require.Nil(t, mw)
+			require.ErrorContains(t, err, tc.says)
+			require.Regexp(t, "^httplimit: ", err.Error())
+			require.Equal(t, tc.invalid, errors.Is(err, ratelimit.ErrInvalidLimit))
+		})
+	}
+
+	t.Run("the same window and strict is another count", func(t *testing.T) {
+		strict := ratelimit.Limit{Rate: 10, Window: time.Minute, Strict: true}
+		_, err := httplimit.New(l, ratelimit.PerMinute(100), httplimit.WithPolicies(httplimit.Policy{Limit: strict}))
+		require.NoError(t, err)
+	})
+
+	t.Run("a plan chosen per request", func(t *testing.T) {
+		e := newEnv(t)
+		var got error
+		served := 0
+		h := e.handler(&served, ratelimit.PerMinute(100),
+			httplimit.WithPlanFunc(func(*http.Request) []httplimit.Policy {
+				return []httplimit.Policy{{Name: "a", Limit: ratelimit.PerHour(5)}, {Name: "b", Limit: ratelimit.PerHour(50)}}
+			}),
+			httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+				got = err
+				w.WriteHeader(http.StatusInternalServerError)
+			}))
+		w := serve(h, request("192.0.2.1:1"))
+		require.Equal(t, http.StatusInternalServerError, w.Code)
+		require.ErrorIs(t, got, ratelimit.ErrInvalidLimit)
+		require.ErrorContains(t, got, `policies "a" (5/1h0m0s) and "b" (50/1h0m0s) have the same window`)
+		require.Empty(t, headersOf(t, w))
+		require.Equal(t, 0, served)
+	})
+}
+
+// twin returns a second middleware on the same Redis and clock, with a
+// Limiter of its own (another prefix), to enforce what another middleware
+// shadows, and a function that returns id's count under limit there.
+func (e *env) twin(t *testing.T, served *int, limit ratelimit.Limit, opts ...httplimit.Option) (http.Handler, func(id string, limit ratelimit.Limit) int64) {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: e.mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	l := ratelimit.New(client, ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix("twin"),
+		ratelimit.WithTimeout(time.Minute), ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { *served++ })
+	count := func(id string, limit ratelimit.Limit) int64 {
+		res, err := l.Peek(context.Background(), id, limit)
+		require.NoError(t, err)
+		require.False(t, res.Degraded)
+		return res.Count
+	}
+	return httplimit.Middleware(l, limit, opts...)(next), count
+}
+
+// TestShadowPolicy sends the same traffic through a plan with a shadowed
+// policy and through a twin that enforces that policy alone, and checks
+// that the shadowed policy never answers 429 and sends no header, that it
+// counts exactly what the enforced twin counts, and that the shadow handler
+// is called exactly when the twin denies, with the twin's figures.
+func TestShadowPolicy(t *testing.T) {
+	tests := []struct {
+		name     string
+		main     ratelimit.Limit // given to Middleware, named "main"
+		shadowed ratelimit.Limit // "trial", beside it
+		trialIs  int             // the trial policy's place in the plan
+		opts     []httplimit.Option
+	}{
+		{"a shadowed burst beside a loose limit", ratelimit.PerMinute(1000), ratelimit.PerSecond(3), 1, nil},
+		{"a shadowed minute beside an enforced burst, which denies too", ratelimit.PerSecond(2), ratelimit.PerMinute(5), 1, nil},
+		{"the only policy, shadowed", ratelimit.Limit{}, ratelimit.PerSecond(3), 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.clock.Set(epoch.Add(250 * time.Millisecond))
+			var calls []ratelimit.Result
+			onShadow := httplimit.WithShadowHandler(func(r *http.Request, res ratelimit.Result) {
+				all, ok := httplimit.FromContextAll(r.Context())
+				require.True(t, ok, "the Results are set before the hook runs")
+				require.Contains(t, all, res)
+				calls = append(calls, res)
+			})
+			var trialResult ratelimit.Result
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				all, _ := httplimit.FromContextAll(r.Context())
+				trialResult = all[tc.trialIs]
+			})
+			denied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				next.ServeHTTP(w, r)
+				w.WriteHeader(http.StatusTooManyRequests)
+			})
+			trial := httplimit.Policy{Name: "trial", Limit: tc.shadowed, Shadow: true}
+			var h http.Handler
+			if tc.main == (ratelimit.Limit{}) {
+				shadowedMain := tc.shadowed
+				shadowedMain.Shadow = true
+				h = httplimit.Middleware(e.limiter, shadowedMain, httplimit.WithPolicyName("trial"),
+					httplimit.WithDeniedHandler(denied), onShadow)(next)
+			} else {
+				h = httplimit.Middleware(e.limiter, tc.main, httplimit.WithPolicyName("main"),
+					httplimit.WithPolicies(trial), httplimit.WithDeniedHandler(denied), onShadow)(next)
+			}
+			twinServed := 0
+			var twinResult ratelimit.Result
+			twin, twinCount := e.twin(t, &twinServed, tc.shadowed, httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				twinResult, _ = httplimit.FromContext(r.Context())
+				w.WriteHeader(http.StatusTooManyRequests)
+			})))
+
+			twinDenials, mainDenials := 0, 0
+			start := e.clock.Now()
+			for step := range 40 {
+				e.clock.Set(start.Add(time.Duration(step) * 137 * time.Millisecond))
+				for range step%3 + 1 {
+					before := len(calls)
+					w := serve(h, request("192.0.2.1:1"))
+					tw := serve(twin, request("192.0.2.1:1"))
+
+					if w.Code == http.StatusTooManyRequests {
+						mainDenials++
+						require.NotEqual(t, ratelimit.Limit{}, tc.main, "a shadowed policy alone never denies")
+						require.Equal(t, "main", w.Header().Get("Ratelimit")[1:5], "only the enforced policy denies")
+					}
+					for name, vs := range w.Header() {
+						for _, v := range vs {
+							require.NotContains(t, v, "trial", "header %s", name)
+						}
+					}
+					if tc.main == (ratelimit.Limit{}) {
+						require.Empty(t, headersOf(t, w), "a plan of shadowed policies sends no header")
+					} else {
+						require.Equal(t, "main", w.Header().Get("Ratelimit-Policy")[1:5])
+					}
+
+					// The shadowed policy is decided as its twin is.
+					twinDenied := tw.Code == http.StatusTooManyRequests
+					require.Equal(t, twinDenied, trialResult.Shadowed)
+					if twinDenied {
+						twinDenials++
+						require.Len(t, calls, before+1, "the shadow handler is called for this denial")
+						got := calls[before]
+						require.Equal(t, "trial", got.Limit.Name)
+						require.True(t, got.Shadowed)
+						require.Equal(t, twinResult.Count, got.Count)
+						require.Equal(t, twinResult.Remaining, got.Remaining)
+						require.Equal(t, twinResult.RetryAfter, got.RetryAfter)
+						require.Equal(t, twinResult.ResetAfter, got.ResetAfter)
+					} else {
+						require.Len(t, calls, before, "no shadow handler call without a denial")
+					}
+					require.Equal(t, twinCount("ip:192.0.2.1", tc.shadowed), e.count(t, "ip:192.0.2.1", tc.shadowed))
+				}
+			}
+			require.Positive(t, twinDenials, "the traffic goes past the shadowed limit")
+			require.Len(t, calls, twinDenials)
+			if strings.Contains(tc.name, "denies too") {
+				require.Positive(t, mainDenials)
+			} else {
+				require.Zero(t, mainDenials)
+			}
+		})
+	}
+}
+
+// TestWholeLimiterShadow: under ratelimit.WithShadow the middleware never
+// answers 429; a request the plan would have denied goes through with no
+// rate-limit header, its Results Shadowed, and the shadow handler sees the
+// binding Result, the one a 429 would have described, once. Counts are
+// those of an enforcing twin.
+func TestWholeLimiterShadow(t *testing.T) {
+	e := newEnv(t, ratelimit.WithShadow(true))
+	start := epoch.Add(30*time.Minute + 500*time.Millisecond)
+	e.clock.Set(start)
+	var calls []ratelimit.Result
+	var got ratelimit.Result
+	served := 0
+	// "trial" is shadowed too, and never would have denied: the shadow
+	// handler is not called for it, although WithShadow marks its Result.
+	trial := httplimit.Policy{Name: "trial", Limit: ratelimit.PerMinute(100), Shadow: true}
+	h := httplimit.Middleware(e.limiter, burst, httplimit.WithPolicyName("burst"),
+		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}, trial),
+		httplimit.WithShadowHandler(func(r *http.Request, res ratelimit.Result) { calls = append(calls, res) }),
+	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served++
+		got, _ = httplimit.FromContext(r.Context())
+	}))
+	twinServed := 0
+	twin, twinCount := e.twin(t, &twinServed, burst, httplimit.WithPolicyName("burst"), httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}))
+
+	for i := range 3 {
+		w := serve(h, request("192.0.2.1:1"))
+		tw := serve(twin, request("192.0.2.1:1"))
+		require.Equal(t, http.StatusOK, w.Code, "request %d", i+1)
+		if tw.Code == http.StatusOK {
+			require.Equal(t, headersOf(t, tw)["Ratelimit"], headersOf(t, w)["Ratelimit"])
+			require.Empty(t, calls)
+			continue
+		}
+		require.Equal(t, 2, i, "the third request would have been denied")
+		require.Empty(t, headersOf(t, w), "no header for a decision shadow mode let through")
+		require.True(t, got.Allowed)
+		require.True(t, got.Shadowed)
+		require.Equal(t, "burst", got.Limit.Name, "the binding Result is the burst's, which denied")
+		require.Equal(t, 501*time.Millisecond, got.RetryAfter)
+		require.Equal(t, []ratelimit.Result{got}, calls)
+	}
+	require.Equal(t, 3, served)
+	require.Equal(t, 2, twinServed)
+	require.Equal(t, []int64{2, 2}, e.counts(t, "ip:192.0.2.1", burst, hourly))
+	require.Equal(t, int64(2), twinCount("ip:192.0.2.1", hourly))
+}
+
+// TestPlanRedisDown: a plan Redis could not decide gets the policy headers
+// only, every policy listed, under FailOpen (passes) and FailClosed (503).
+func TestPlanRedisDown(t *testing.T) {
+	policyOnly := map[string]string{
+		"X-Ratelimit-Limit": "2", // the binding limit: the least remaining, the burst's full rate
+		"Ratelimit-Policy":  `"burst";q=2;w=1, "hourly";q=5;w=3600`,
+	}
+	tests := []struct {
+		policy ratelimit.FailurePolicy
+		status int
+	}{
+		{ratelimit.FailOpen, http.StatusOK},
+		{ratelimit.FailClosed, http.StatusServiceUnavailable},
+	}
+	for _, tc := range tests {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			e := newEnv(t, ratelimit.WithFailurePolicy(tc.policy))
+			e.mr.SetError("LOADING Redis is loading the dataset in memory")
+			served := 0
+			w := serve(e.twoLimits(&served), request("192.0.2.1:1"))
+			require.Equal(t, tc.status, w.Code)
+			require.Equal(t, policyOnly, headersOf(t, w))
+		})
+	}
+}
