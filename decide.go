@@ -187,7 +187,10 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 	if l.shadow && !d.allowed {
 		shadowed, err = true, nil
 		for i := range d.results {
-			d.results[i].Allowed, d.results[i].Shadowed = true, true
+			r := &d.results[i]
+			// the limits that denied: each has its own wait (0 for one that
+			// admitted), or the failure policy denied them all
+			r.Allowed, r.Shadowed = true, r.Shadowed || r.Degraded || r.RetryAfter != 0
 		}
 	}
 	if l.observer != nil {

@@ -69,11 +69,13 @@ type Result struct {
 	// that timed out may still have been counted by Redis, if the script ran
 	// after all: a degraded request may have used quota.
 	Degraded bool
-	// Shadowed reports that the request would have been denied but went
-	// ahead because of shadow mode: under WithShadow, on every Result of a
-	// denied decision; for a Limit with Shadow set, when that limit alone
-	// would have denied it. Count, RetryAfter and ResetAfter are those of
-	// the denial.
+	// Shadowed reports that this limit would have denied the request, which
+	// went ahead because of shadow mode: under WithShadow, on the Results of
+	// the limits that denied a decision (all of them when the failure policy
+	// denied it); for a Limit with Shadow set, when that limit alone would
+	// have denied it. Count, RetryAfter and ResetAfter are those of the
+	// denial. A request some Result of which is Shadowed would have been
+	// denied.
 	Shadowed bool
 }
 

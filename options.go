@@ -189,9 +189,10 @@ func WithBatching(maxBatch int) Option {
 // WithShadow puts the whole Limiter in shadow mode: every decision is made
 // and counted exactly as if it were enforced, so that turning shadow mode
 // off changes nothing but the answer, and none denies. A decision that
-// would have denied comes back Allowed with Shadowed set on its Results
-// (and with a nil error under FailClosed: the error handler still gets the
-// Redis error); observers see it with Event.Shadow. For one limit among
+// would have denied comes back Allowed, with Shadowed set on the Results of
+// the limits that denied it (and with a nil error under FailClosed: the
+// error handler still gets the Redis error); observers see it with
+// Event.Shadow. For one limit among
 // enforced ones, set Limit.Shadow instead.
 func WithShadow(on bool) Option {
 	return optionFunc(func(c *config) { c.shadow = on })
