@@ -16,6 +16,13 @@ type decision struct {
 	reqs    []*request
 	cost    int64 // 0 for a look
 	allowed bool  // the one decision every Result reports
+	// refused has bit i set when limits[i] did not admit the request (or
+	// for a look, a cost of 1), whatever the decision: the limits a denial
+	// is owed to. MaxLimits bits fit.
+	refused uint32
+	// deniedCounted: the script decided, and under WithCountDenied counted
+	// each denied request's cost (see sliding_window.lua).
+	deniedCounted bool
 
 	limitBuf  [1]Limit
 	resultBuf [1]Result
@@ -24,6 +31,9 @@ type decision struct {
 	spanBuf   [1]span
 	keyBuf    [2]string
 }
+
+// decision.refused has a bit for each of up to MaxLimits limits.
+const _ uint32 = 1<<MaxLimits - 1
 
 // decide makes decision d for id at cost n, or looks without counting, and
 // fills d.results: the one path every decision takes, whoever makes it
@@ -73,6 +83,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if l.denied != nil && !look {
 		l.denied.record(id, d)
 	}
+	d.deniedCounted = true
 	d.derive()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
@@ -134,17 +145,28 @@ func (l *Limiter) build(d *decision, id string, now int64) {
 // derive fills d.results from the counts each span holds and the decision of
 // each request: the one decision is that of the enforced limits (all of
 // them admit the cost; true if there are none), and each Shadow limit
-// reports whether it admitted the cost on its own.
+// reports whether it admitted the cost on its own. When the script counted
+// denied requests, a denied request's Results describe the counts as the
+// script left them, as Result says: Count with what was counted, and
+// RetryAfter the wait until the same request would pass.
 func (d *decision) derive() {
 	look := d.cost == 0
 	n := max(d.cost, 1)
-	d.allowed = true
+	d.allowed, d.refused = true, 0
 	for _, r := range d.reqs {
 		for i := range r.spans {
 			s := &r.spans[i]
 			counted := r.allowed && !look
-			res := s.result(n, counted)
-			ok := counted || look && s.pos.estimate(&s.seen)+n <= s.limit.Rate
+			var added int64
+			if d.deniedCounted && !r.allowed && r.countDenied == 1 && !look {
+				added = max(0, min(r.cost, s.limit.Rate-s.seen[0])) // as the script adds
+			}
+			res := s.result(n, counted, added)
+			fits := counted || s.pos.estimate(&s.seen)+n <= s.limit.Rate
+			if !fits {
+				d.refused |= 1 << s.at
+			}
+			ok := counted || look && fits
 			if s.limit.Shadow {
 				res.Shadowed = !ok
 			} else if !ok {
@@ -163,10 +185,12 @@ func (d *decision) derive() {
 }
 
 // result derives the Result of one limit from the counts the script saw, for
-// a request of cost n that this limit counted or not. Allowed is left to the
-// decision.
-func (s *span) result(n int64, counted bool) Result {
+// a request of cost n that this limit counted or not, and of which the
+// script added added to the current count even so (a denial counted).
+// Allowed is left to the decision.
+func (s *span) result(n int64, counted bool, added int64) Result {
 	c := s.seen
+	c[0] += added
 	r := Result{Limit: s.limit, Count: s.pos.estimate(&c)}
 	if counted {
 		c[0] += n
@@ -188,9 +212,8 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 		shadowed, err = true, nil
 		for i := range d.results {
 			r := &d.results[i]
-			// the limits that denied: each has its own wait (0 for one that
-			// admitted), or the failure policy denied them all
-			r.Allowed, r.Shadowed = true, r.Shadowed || r.Degraded || r.RetryAfter != 0
+			// the limits that denied, or all when the failure policy did
+			r.Allowed, r.Shadowed = true, r.Shadowed || r.Degraded || d.refused&(1<<i) != 0
 		}
 	}
 	if l.observer != nil {
