@@ -102,3 +102,70 @@ func commandStats(client redis.UniversalClient) (calls, usec float64, err error)
 	})
 	return float64(total.Load()), float64(us.Load()), err
 }
+
+// BenchmarkStrictCost compares what a strict limit costs Redis with the
+// sliding window's: script µs per decision, unbatched and batched, over
+// 10,000 ids, and the bytes of Redis memory per client the keys take
+// (MEMORY USAGE summed over one client's keys).
+//
+//	go test -run '^$' -bench StrictCost -benchtime 2s .
+func BenchmarkStrictCost(b *testing.B) {
+	server := redistest.Start(b)
+	for _, strict := range []bool{false, true} {
+		for _, batch := range []int{1, ratelimit.DefaultBatch} {
+			name := map[bool]string{false: "sliding", true: "strict"}[strict] + map[bool]string{true: "/unbatched", false: "/batched"}[batch == 1]
+			b.Run(name, func(b *testing.B) {
+				client := redis.NewClient(&redis.Options{Addr: server.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+				b.Cleanup(func() { _ = client.Close() })
+				prefix := b.Name()
+				l := ratelimit.New(client, ratelimit.WithBatching(batch), ratelimit.WithPrefix(prefix), ratelimit.WithTimeout(10*time.Second))
+				limit := ratelimit.Limit{Rate: 1 << 30, Window: time.Minute, Strict: strict}
+				callsBefore, before, err := scriptStats(client)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var next atomic.Int64
+				b.ReportAllocs()
+				b.SetParallelism(32)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					ctx := context.Background()
+					for i := next.Add(7919); pb.Next(); i++ {
+						res, err := l.Allow(ctx, benchIDs[i%int64(len(benchIDs))], limit)
+						if err != nil || !res.Allowed || res.Degraded {
+							b.Errorf("Allow: %v, allowed %v, degraded %v", err, res.Allowed, res.Degraded)
+							return
+						}
+						sink.Add(res.Count)
+					}
+				})
+				b.StopTimer()
+				calls, after, err := scriptStats(client)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric((after-before)/float64(b.N), "redis-µs/op")
+				b.ReportMetric(float64(b.N)/(calls-callsBefore), "decisions/call")
+				// Redis memory per client: every key of one client that has
+				// used the limit for a full Window, one request per sub-window.
+				ctx := context.Background()
+				var bytes int64
+				for k := int64(0); k <= ratelimit.StrictSubWindows; k++ {
+					at := time.UnixMilli(k * limit.Window.Milliseconds() / ratelimit.StrictSubWindows)
+					m := ratelimit.New(client, ratelimit.WithPrefix(prefix+"/mem"), ratelimit.WithClock(func() time.Time { return at }))
+					if _, err := m.Allow(ctx, "client", limit); err != nil {
+						b.Fatal(err)
+					}
+				}
+				keys, err := client.Keys(ctx, "*"+prefix+"/mem*").Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, k := range keys {
+					bytes += client.MemoryUsage(ctx, k).Val()
+				}
+				b.ReportMetric(float64(bytes), "redis-B/client")
+			})
+		}
+	}
+}
