@@ -104,12 +104,17 @@ var unavailableReplies = []string{
 	"NOREPLICAS", "OOM", "MISCONF", "max number of clients reached",
 }
 
-// unavailable reports whether err says Redis itself could not serve, so that
-// the circuit breaker counts it: a timeout, a connection that could not be
-// made or was lost, a closed client or exhausted pool, or one of
-// unavailableReplies. A reply of the wrong shape, or a script error caused
-// by one id's data, says Redis is up: it does not count.
-func unavailable(err error) bool {
+// Unavailable reports whether err says Redis itself could not serve: a
+// timeout, a connection that could not be made or was lost, a closed client
+// or exhausted pool, or a reply such as LOADING, BUSY, READONLY,
+// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM or MISCONF. These are
+// the failures the circuit breaker counts. A reply of the wrong shape
+// (ErrBadReply), or a script error caused by one id's data, says Redis is
+// up: Unavailable is false for them.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
 	var netErr net.Error
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr),

@@ -24,6 +24,8 @@ type decision struct {
 	// each denied request's cost (see sliding_window.lua).
 	deniedCounted bool
 
+	event     Event // what an Observer sees
+
 	limitBuf  [1]Limit
 	resultBuf [1]Result
 	reqBuf    [1]request
@@ -70,7 +72,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		}
 	}
 	var took time.Duration
-	if l.observer != nil {
+	if l.observer != nil && err != ErrCircuitOpen { // an open breaker makes no call
 		took = time.Since(start)
 	}
 	if err != nil {
@@ -217,7 +219,8 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 		}
 	}
 	if l.observer != nil {
-		e := Event{Cost: d.cost, Results: d.results, Allowed: shadowed || d.allowed, Source: src, Duration: took, Err: redisErr}
+		e := &d.event // in the decision, already on the heap
+		*e = Event{Cost: d.cost, Results: d.results, Allowed: shadowed || d.allowed, Source: src, Duration: took, Err: redisErr}
 		e.Shadow = l.shadow
 		for _, limit := range d.limits {
 			e.Shadow = e.Shadow || limit.Shadow
@@ -225,7 +228,7 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 		if l.observeIDs {
 			e.ID = id
 		}
-		l.observer.Observe(ctx, &e)
+		l.observer.Observe(ctx, e)
 	}
 	return err
 }

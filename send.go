@@ -56,7 +56,7 @@ func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *
 		switch {
 		case left:
 			l.breaker.abandon(probe)
-		case err != nil && unavailable(err):
+		case err != nil && Unavailable(err):
 			l.breaker.done(probe, err)
 		default: // Redis answered, even if with an error about one id's data
 			l.breaker.done(probe, nil)

@@ -3,7 +3,6 @@ package otel
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"syscall"
 
@@ -31,14 +30,6 @@ var errorTypeNames = [numErrorTypes]string{
 	errOther:       "other",
 }
 
-// unavailableReplies are the Redis error replies that say the server cannot
-// serve right now, whatever the keys: the ones the core's circuit breaker
-// counts.
-var unavailableReplies = []string{
-	"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
-	"NOREPLICAS", "OOM", "MISCONF", "max number of clients reached",
-}
-
 // errorType sorts a Redis error into a few kinds, so that error.type stays
 // low in cardinality: the breaker was open; the reply was not what the
 // script returns; Redis could not serve (a connection refused, reset or
@@ -50,27 +41,18 @@ func errorType(err error) int {
 	if err == nil {
 		return noError
 	}
+	var netErr net.Error
 	switch {
 	case errors.Is(err, ratelimit.ErrCircuitOpen):
 		return errCircuitOpen
 	case errors.Is(err, ratelimit.ErrBadReply):
 		return errBadReply
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolExhausted):
-		return errUnavailable
-	}
-	for _, prefix := range unavailableReplies {
-		if redis.HasErrorPrefix(err, prefix) {
-			return errUnavailable
-		}
-	}
-	var netErr net.Error
-	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return errUnavailable // also when the core names it as a timeout's cause
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout),
 		errors.As(err, &netErr) && netErr.Timeout():
 		return errTimeout
-	case netErr != nil: // a DNS failure, an unreachable network
+	case ratelimit.Unavailable(err):
 		return errUnavailable
 	}
 	return errOther
