@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/slidingwindow/ratelimit/internal/clientaddr"
 )
 
 // UnknownClient is the key of every request whose client address cannot be
@@ -13,7 +15,8 @@ import (
 // rule), a missing or malformed client-IP header from the edge, or a
 // forwarding entry that a trusted proxy wrote and that is not an address.
 // All such requests share this one count, so a client cannot escape its
-// limit by sending garbage: it can only join everyone else who did.
+// limit by sending garbage: it can only join everyone else who did. It is
+// the same key under which grpclimit counts calls without a usable address.
 const UnknownClient = "ip:unknown"
 
 // DefaultIPv6Prefix is how many leading bits of an IPv6 client address
@@ -26,11 +29,6 @@ const (
 	headerXFF       = "X-Forwarded-For"
 	headerForwarded = "Forwarded"
 )
-
-// maxHopLen bounds one address as written in a header: the longest IPv6
-// address with a port and brackets is 47 bytes; a zone adds a little. Longer
-// entries are not addresses, and are rejected before any parsing.
-const maxHopLen = 64
 
 // ipMode is where the client address comes from.
 type ipMode int
@@ -76,49 +74,18 @@ func (c *ipRule) clientAddr(r *http.Request) (netip.Addr, bool) {
 }
 
 // walk reads the forwarding entries right to left, starting from a trusted
-// peer. Each entry was written by the hop to its right; while that hop is
-// trusted, the entry is the true address of the hop before it. The first
-// address outside the trusted ranges is the client. If every entry is
-// trusted, the left-most is: the request began inside the trusted ranges.
-func (c *ipRule) walk(values []string, addr netip.Addr) (netip.Addr, bool) {
-	for i := len(values) - 1; i >= 0; i-- {
-		rest := values[i]
-		for rest != "" {
-			var entry string
-			if j := strings.LastIndexByte(rest, ','); j >= 0 {
-				entry, rest = rest[j+1:], rest[:j]
-			} else {
-				entry, rest = rest, ""
-			}
-			entry = trimOWS(entry)
-			if entry == "" {
-				continue // empty list elements are allowed and mean nothing
-			}
-			var ok bool
-			if c.header == headerForwarded {
-				addr, ok = forwardedFor(entry)
-			} else {
-				addr, ok = parseHop(entry)
-			}
-			if !ok {
-				return netip.Addr{}, false
-			}
-			if !c.isTrusted(addr) {
-				return addr, true
-			}
-		}
+// peer, and returns the first address outside the trusted ranges; if every
+// entry is trusted, the left-most (clientaddr.Walk, which grpclimit's
+// trusted metadata shares).
+func (c *ipRule) walk(values []string, peer netip.Addr) (netip.Addr, bool) {
+	parse := parseHop
+	if c.header == headerForwarded {
+		parse = forwardedFor
 	}
-	return addr, addr.IsValid()
+	return clientaddr.Walk(values, peer, c.trusted, parse)
 }
 
-func (c *ipRule) isTrusted(a netip.Addr) bool {
-	for _, p := range c.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
+func (c *ipRule) isTrusted(a netip.Addr) bool { return clientaddr.Contains(c.trusted, a) }
 
 // key returns the identity of r's client: "ip:203.0.113.7" for IPv4,
 // "ip6:2001:db8:1:2::/64" for IPv6 (its prefix), or UnknownClient.
@@ -130,49 +97,15 @@ func (c *ipRule) key(r *http.Request) string {
 	return c.addrKey(a)
 }
 
-func (c *ipRule) addrKey(a netip.Addr) string {
-	if a.Is4() {
-		return "ip:" + a.String()
-	}
-	bits := c.v6Bits
-	if bits == 0 {
-		bits = DefaultIPv6Prefix
-	}
-	p, err := a.Prefix(bits)
-	if err != nil { // not reachable: a is a valid IPv6 address and 0 < bits <= 128
-		return UnknownClient
-	}
-	return "ip6:" + p.String()
-}
+// addrKey is the key of a usable client address under the rule's IPv6
+// grouping: clientaddr.Key, the one rule for HTTP and gRPC.
+func (c *ipRule) addrKey(a netip.Addr) string { return clientaddr.Key(a, c.v6Bits) }
 
 // parseHop parses one address as proxies write it: "203.0.113.7",
 // "203.0.113.7:4711", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:4711".
 // IPv4-mapped IPv6 addresses become IPv4, zones are dropped, and the
-// unspecified address is not a client.
-func parseHop(s string) (netip.Addr, bool) {
-	if s == "" || len(s) > maxHopLen {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		ap, perr := netip.ParseAddrPort(s)
-		switch {
-		case perr == nil:
-			a = ap.Addr()
-		case len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']':
-			if a, err = netip.ParseAddr(s[1 : len(s)-1]); err != nil || !a.Is6() {
-				return netip.Addr{}, false
-			}
-		default:
-			return netip.Addr{}, false
-		}
-	}
-	a = a.Unmap().WithZone("")
-	if !a.IsValid() || a.IsUnspecified() {
-		return netip.Addr{}, false
-	}
-	return a, true
-}
+// unspecified address is not a client (clientaddr.Parse).
+func parseHop(s string) (netip.Addr, bool) { return clientaddr.Parse(s) }
 
 // forwardedFor returns the address in the for= parameter of one element of
 // a Forwarded header (RFC 7239), as in `for="[2001:db8::17]:4711";proto=https`.
@@ -207,14 +140,11 @@ func trimOWS(s string) string { return strings.Trim(s, " \t") }
 func normalizePrefixes(option string, ps []netip.Prefix) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(ps))
 	for _, p := range ps {
-		if !p.IsValid() {
+		np, ok := clientaddr.NormalizePrefix(p)
+		if !ok {
 			return nil, errors.New("httplimit: " + option + " was given an invalid prefix " + strconv.Quote(p.String()))
 		}
-		if a := p.Addr(); a.Is4In6() {
-			bits := max(p.Bits()-96, 0)
-			p = netip.PrefixFrom(a.Unmap(), bits)
-		}
-		out = append(out, p.Masked())
+		out = append(out, np)
 	}
 	return out, nil
 }

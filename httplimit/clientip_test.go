@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit/internal/clientaddr"
 )
 
 var (
@@ -139,4 +141,20 @@ func TestNormalizePrefixes(t *testing.T) {
 	// A trusted range written as IPv4-mapped still matches the unmapped peer.
 	rule := ipRule{mode: fromProxies, header: headerXFF, trusted: got}
 	require.Equal(t, "ip:203.0.113.7", rule.key(req("192.0.2.9:1", "X-Forwarded-For", "203.0.113.7")))
+}
+
+// TestSharedKeys checks that a client address gets the key every face of
+// the limiter gives it (clientaddr.Key, which grpclimit uses too), so that
+// one client is one count over HTTP and gRPC alike.
+func TestSharedKeys(t *testing.T) {
+	for _, peer := range []string{"203.0.113.7", "::ffff:203.0.113.7", "2001:db8:1:2::7", "fe80::1%eth0"} {
+		for _, bits := range []int{0, 48, 128} {
+			rule := ipRule{v6Bits: bits}
+			r := req(netip.AddrPortFrom(netip.MustParseAddr(peer), 1).String())
+			require.Equal(t, clientaddr.Key(netip.MustParseAddr(peer), bits), rule.key(r), "%s /%d", peer, bits)
+		}
+	}
+	require.Equal(t, clientaddr.Unknown, UnknownClient)
+	require.Equal(t, clientaddr.DefaultIPv6Prefix, DefaultIPv6Prefix)
+	require.Equal(t, clientaddr.Unknown, ruleNone.key(req("@")))
 }

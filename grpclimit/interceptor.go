@@ -1,0 +1,323 @@
+// Package grpclimit puts a ratelimit.Limiter in front of a gRPC server, as
+// unary and stream server interceptors:
+//
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiter, ratelimit.PerSecond(100))),
+//		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiter, ratelimit.PerSecond(100))),
+//	)
+//
+// Each call is counted under one identity: by default the address of its
+// peer, the connection the call came in on, and nothing the client sends;
+// IPv6 addresses are grouped by /64, exactly as httplimit groups them, so
+// that one client is one count over HTTP and gRPC alike.
+// WithTrustedMetadata says which metadata key the proxies in front write
+// the client address to, and from which ranges to believe it; WithKeyFunc
+// counts authenticated callers by who they are. WithMethodLimits gives
+// methods limits of their own, several at once if need be. A stream is one
+// decision, made when it opens: the messages it carries are not counted.
+//
+// An allowed call goes on to its handler; a denied one fails with
+// codes.ResourceExhausted and a google.rpc.RetryInfo detail that carries
+// the exact wait after which it would pass (none for a call that can never
+// pass, as its message says). Both carry response header metadata with the
+// information of httplimit's headers: ratelimit-limit, ratelimit-remaining,
+// ratelimit-reset, retry-after, and the IETF draft's ratelimit-policy and
+// ratelimit (see HeaderLimit). A decision Redis did not make
+// (Result.Degraded) carries ratelimit-limit and ratelimit-policy only;
+// Shadow limits, and calls that ratelimit.WithShadow let through, carry
+// none. A call Redis could not decide under ratelimit.FailClosed fails with
+// codes.Unavailable; a call whose context ended while it was decided fails
+// with that context's status (codes.Canceled, codes.DeadlineExceeded);
+// invalid input (a cost below 1 from WithCost) fails with codes.Internal
+// and is logged through log/slog.
+//
+// NewUnary and NewStream report a configuration error;
+// UnaryServerInterceptor and StreamServerInterceptor, which cannot fail,
+// log it once and answer every call with codes.Internal. Nothing in the
+// package panics on configuration.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// UnaryServerInterceptor returns an interceptor that decides each unary
+// call against limit with l (or against its method's limits, see
+// WithMethodLimits) and passes it on to the handler only if it is allowed.
+// The rate-limit metadata (see HeaderLimit) is set with grpc.SetHeader
+// before the handler runs, or before the denial is returned.
+//
+// A denied call fails with codes.ResourceExhausted. Its status carries a
+// google.rpc.RetryInfo detail whose retry_delay is the binding Result's
+// RetryAfter, exact to the millisecond; a call that can never pass (its
+// cost is above the limit's rate) has none, and its message says it can
+// never pass. For the other outcomes see the package documentation.
+//
+// The interceptor is safe for simultaneous use by multiple goroutines, as
+// long as the functions given to the options are.
+//
+// A configuration that NewUnary rejects (a nil l, an invalid limit, an
+// option given invalid values) is logged once through log/slog, and the
+// interceptor then answers every call with codes.Internal: loud in the
+// first test, never an unlimited API. Call NewUnary to get the error at
+// start-up instead.
+func UnaryServerInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) grpc.UnaryServerInterceptor {
+	ui, err := NewUnary(l, limit, opts...)
+	if err != nil {
+		logMisconfigured(err)
+		return func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+			return nil, errMisconfigured
+		}
+	}
+	return ui
+}
+
+// StreamServerInterceptor returns an interceptor that decides each stream
+// against limit with l (or its method's limits) once, when the stream
+// opens, and passes it on to the handler only if it is allowed: a stream is
+// one call, whatever number of messages it then carries, and a long-lived
+// stream that was allowed is never cut off. The rate-limit metadata is set
+// with ServerStream.SetHeader. Denials, errors and a bad configuration are
+// as for UnaryServerInterceptor; call NewStream to get a configuration
+// error at start-up.
+func StreamServerInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) grpc.StreamServerInterceptor {
+	si, err := NewStream(l, limit, opts...)
+	if err != nil {
+		logMisconfigured(err)
+		return func(any, grpc.ServerStream, *grpc.StreamServerInfo, grpc.StreamHandler) error {
+			return errMisconfigured
+		}
+	}
+	return si
+}
+
+// NewUnary is UnaryServerInterceptor that reports a configuration error
+// instead of answering codes.Internal: a nil l, an invalid limit (see
+// ratelimit.Limit.Validate), or an option given invalid values; the error
+// names each problem.
+func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc.UnaryServerInterceptor, error) {
+	in, err := newInterceptor(l, limit, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := in.decide(ctx, info.FullMethod)
+		if md != nil {
+			// It fails only when the call has no stream or its header is
+			// already sent; neither is so before the handler runs.
+			_ = grpc.SetHeader(ctx, md)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}, nil
+}
+
+// NewStream is StreamServerInterceptor that reports a configuration error
+// instead of answering codes.Internal, as NewUnary does.
+func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc.StreamServerInterceptor, error) {
+	in, err := newInterceptor(l, limit, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, err := in.decide(ss.Context(), info.FullMethod)
+		if md != nil {
+			_ = ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}, nil
+}
+
+// errMisconfigured answers every call of an interceptor whose configuration
+// was rejected. It says nothing of the configuration: that is in the log.
+var errMisconfigured = status.Error(codes.Internal, "grpclimit: the rate limiter is misconfigured")
+
+func logMisconfigured(err error) {
+	slog.Error("grpclimit: the interceptor is misconfigured; it answers every call with codes.Internal", "error", err)
+}
+
+// policySet is the limits one kind of call is decided against, with what
+// the headers say about them.
+type policySet struct {
+	limits   []ratelimit.Limit
+	policies []policy
+	// enforced are the indexes of the limits that can deny: all but Shadow
+	// ones. The headers and the binding Result are theirs; a set of Shadow
+	// limits only sends no header at all.
+	enforced     []int
+	policyValues []string // HeaderPolicy, for the enforced limits
+	route        string   // "" for the default limit; else "<method>|"
+}
+
+func newPolicySet(route string, limits []ratelimit.Limit) *policySet {
+	s := &policySet{limits: limits, route: route}
+	for i, limit := range limits {
+		s.policies = append(s.policies, newPolicy(limit))
+		if !limit.Shadow {
+			s.enforced = append(s.enforced, i)
+		}
+	}
+	for _, i := range s.enforced {
+		s.policyValues = append(s.policyValues, s.policies[i].header)
+	}
+	return s
+}
+
+type interceptor struct {
+	cfg     config
+	limiter *ratelimit.Limiter
+	base    *policySet            // the limit given to the interceptor
+	methods map[string]*policySet // WithMethodLimits; nil set: not limited
+}
+
+func newInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts []Option) (*interceptor, error) {
+	var cfg config
+	for _, opt := range opts {
+		if opt != nil {
+			opt.apply(&cfg)
+		}
+	}
+	if l == nil {
+		cfg.errs = append(cfg.errs, errors.New("grpclimit: the Limiter is nil"))
+	}
+	if err := limit.Validate(); err != nil {
+		cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %w", err))
+	}
+	if len(cfg.errs) > 0 {
+		return nil, errors.Join(cfg.errs...)
+	}
+	in := &interceptor{cfg: cfg, limiter: l, base: newPolicySet("", []ratelimit.Limit{limit})}
+	if len(cfg.methods) > 0 {
+		in.methods = make(map[string]*policySet, len(cfg.methods))
+		for name, limits := range cfg.methods {
+			if len(limits) == 0 {
+				in.methods[name] = nil
+				continue
+			}
+			in.methods[name] = newPolicySet(name+"|", limits)
+		}
+	}
+	return in, nil
+}
+
+// decide decides one call and returns the header metadata to send, if
+// any, and the status error to fail the call with, or nil to let it go on.
+func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, error) {
+	set := in.base
+	if s, ok := in.methods[fullMethod]; ok {
+		if s == nil {
+			return nil, nil
+		}
+		set = s
+	}
+	id := set.route + in.cfg.identity(ctx, fullMethod)
+	cost := int64(1)
+	if in.cfg.cost != nil {
+		cost = in.cfg.cost(ctx, fullMethod)
+	}
+	results, err := in.limiter.AllowAll(ctx, id, set.limits, cost)
+	if err != nil {
+		var md metadata.MD
+		if len(set.enforced) > 0 && len(results) > 0 && results[0].Degraded {
+			md = headerMD(set, results, binding(set, results))
+		}
+		return md, in.errorStatus(ctx, fullMethod, err)
+	}
+	bind := binding(set, results)
+	if bind.Allowed {
+		if len(set.enforced) == 0 || shadowedThrough(set, results) {
+			return nil, nil
+		}
+		return headerMD(set, results, bind), nil
+	}
+	return headerMD(set, results, bind), denied(set, results, bind)
+}
+
+// shadowedThrough reports a decision that ratelimit.WithShadow let
+// through: an enforced limit would have denied it. Its counts describe a
+// denial the client never got, so it sends no header, as in httplimit.
+func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
+	for _, i := range set.enforced {
+		if results[i].Shadowed {
+			return true
+		}
+	}
+	return false
+}
+
+// binding returns the Result that decided among set's enforced limits, or
+// among all when every limit is Shadow (see ratelimit.Binding).
+func binding(set *policySet, results []ratelimit.Result) ratelimit.Result {
+	if len(set.enforced) == len(results) || len(set.enforced) == 0 {
+		return ratelimit.Binding(results)
+	}
+	rs := make([]ratelimit.Result, 0, len(set.enforced))
+	for _, i := range set.enforced {
+		rs = append(rs, results[i])
+	}
+	return ratelimit.Binding(rs)
+}
+
+// denied returns the status of a denied call: ResourceExhausted, with a
+// RetryInfo of the exact wait when a retry can pass and Redis decided.
+func denied(set *policySet, results []ratelimit.Result, bind ratelimit.Result) error {
+	name := bind.Limit.Name
+	for i, r := range results {
+		if r.Limit == bind.Limit {
+			name = set.policies[i].name
+			break
+		}
+	}
+	switch {
+	case bind.Degraded:
+		// The wait of a local decision is this process's guess, not the
+		// shared count's: name none.
+		return status.Errorf(codes.ResourceExhausted,
+			"grpclimit: rate limit %q exceeded (decided locally while Redis is unavailable)", name)
+	case bind.RetryAfter < 0:
+		return status.Errorf(codes.ResourceExhausted,
+			"grpclimit: rate limit %q exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
+			name, bind.Limit.Rate, bind.Limit.Window)
+	}
+	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit %q exceeded; retry in %v", name, bind.RetryAfter.Round(time.Millisecond))
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(bind.RetryAfter)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// errorStatus returns the status of a call the limiter returned an error
+// for: the context's own when it ended, Unavailable when Redis could not
+// decide under FailClosed, and Internal, logged, for anything else: invalid
+// input, a bug in the configuration.
+func (in *interceptor) errorStatus(ctx context.Context, fullMethod string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return status.FromContextError(ctxErr).Err()
+	}
+	if errors.Is(err, ratelimit.ErrUnavailable) {
+		return status.Error(codes.Unavailable, "grpclimit: the rate limiter cannot decide: its store is unavailable")
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return status.FromContextError(ctxErr).Err()
+	}
+	slog.ErrorContext(ctx, "grpclimit: the limiter rejected a call's input", "method", fullMethod, "error", err)
+	return status.Error(codes.Internal, "grpclimit: the rate limiter failed")
+}
