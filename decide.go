@@ -24,7 +24,7 @@ type decision struct {
 	// each denied request's cost (see sliding_window.lua).
 	deniedCounted bool
 
-	event     Event // what an Observer sees
+	event Event // what an Observer sees
 
 	limitBuf  [1]Limit
 	resultBuf [1]Result

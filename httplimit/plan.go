@@ -121,16 +121,11 @@ func (m *middleware) planFor(r *http.Request) (*plan, error) {
 	return pl, nil
 }
 
-// wouldDeny reports that shadow mode let res through although it would
-// have denied: a shadowed policy's Result when that policy alone would have
-// denied the request, or, under ratelimit.WithShadow, an enforced policy's
-// Result of a decision that would have been denied. Under WithShadow every
-// Result of such a decision is Shadowed, a shadowed policy's too; its
-// RetryAfter, 0 when its own limit admitted the request, tells the two
-// cases apart.
-func wouldDeny(res ratelimit.Result) bool {
-	return res.Shadowed && (!res.Limit.Shadow || res.RetryAfter != 0)
-}
+// wouldDeny reports that shadow mode let res through although its limit
+// would have denied the request: a shadowed policy that alone would have
+// denied it, or, under ratelimit.WithShadow, an enforced policy that denied
+// the decision.
+func wouldDeny(res ratelimit.Result) bool { return res.Shadowed }
 
 // binding returns the Result FromContext reports (see there).
 func binding(results []ratelimit.Result) ratelimit.Result {
@@ -180,6 +175,11 @@ func binding(results []ratelimit.Result) ratelimit.Result {
 // all but the shadowed policies', and but those shadow mode let through.
 // Both are empty when nothing is to be shown.
 func shown(pl *plan, results []ratelimit.Result) ([]policy, []ratelimit.Result) {
+	for _, res := range results {
+		if !res.Limit.Shadow && res.Shadowed {
+			return nil, nil // ratelimit.WithShadow let a denial through
+		}
+	}
 	all := true
 	for _, res := range results {
 		if res.Limit.Shadow || res.Shadowed {

@@ -451,7 +451,7 @@ func TestWholeLimiterShadow(t *testing.T) {
 	var got ratelimit.Result
 	served := 0
 	// "trial" is shadowed too, and never would have denied: the shadow
-	// handler is not called for it, although WithShadow marks its Result.
+	// handler is not called for it, and its Result is not Shadowed.
 	trial := httplimit.Policy{Name: "trial", Limit: ratelimit.PerMinute(100), Shadow: true}
 	h := httplimit.Middleware(e.limiter, burst, httplimit.WithPolicyName("burst"),
 		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}, trial),
