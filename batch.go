@@ -116,9 +116,11 @@ func (b *batcher) next() {
 // does. Its calls are bounded by the Limiter's timeout alone: no caller's
 // ctx can cancel a call that carries other callers' requests.
 func (b *batcher) flush(batch []*pending) {
-	var reqs []*request
 	for {
-		reqs = reqs[:0]
+		// A new slice for each call: a call the Limiter stopped waiting
+		// for, on a client that ignores ctx deadlines, may still be
+		// reading the last one.
+		var reqs []*request
 		for _, p := range batch {
 			reqs = append(reqs, p.reqs...)
 		}

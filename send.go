@@ -40,9 +40,17 @@ func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *
 	if l.ctxAware || ctx.Done() == nil {
 		err = call(ctx, c, sc, reqs)
 	} else {
-		_, err = watch(ctx, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, call(ctx, c, sc, reqs)
+		// The call goes on in watch's goroutine after the deadline, until
+		// the client gives up on it; its reply is decoded here, and only if
+		// it came in time, for the callers go on using reqs (FailLocal
+		// decides in them).
+		var vals []int64
+		vals, err = watch(ctx, func(ctx context.Context) ([]int64, error) {
+			return evalCall(ctx, c, sc, reqs)
 		})
+		if err == nil {
+			err = decodeReply(vals, reqs)
+		}
 	}
 	left := err != nil && parent.Err() != nil // the caller left: that says nothing of Redis
 	if err != nil && !left && ctx.Err() != nil {
@@ -68,12 +76,18 @@ func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *
 // call sends one script call of sc for reqs to c and decodes its reply into
 // them.
 func call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) error {
-	var buf [24]any
-	vals, err := eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider))
+	vals, err := evalCall(ctx, c, sc, reqs)
 	if err != nil {
 		return err
 	}
 	return decodeReply(vals, reqs)
+}
+
+// evalCall sends one script call of sc for reqs to c and returns its reply
+// undecoded. It only reads reqs.
+func evalCall(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
+	var buf [24]any
+	return eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider))
 }
 
 // timedOut names the Limiter's timeout in err, which it ended, and the last
