@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,15 +15,37 @@ import (
 )
 
 // model is a reference of the documented semantics, written for plainness,
-// not speed: it keeps every window's count in a map and finds RetryAfter and
-// ResetAfter by trying one millisecond after another.
+// not speed: it keeps every window's (or strict sub-window's) count in a map
+// and finds RetryAfter and ResetAfter by trying one millisecond after
+// another.
 type model struct {
 	counts map[windowKey]int64
+	// The Limiter's modes: WithShadow and WithCountDenied.
+	shadow, countDenied bool
+	// What the model decided, for a trace to show it crossed every path.
+	tally tally
 }
 
+// windowKey names one count: id's count in window index of a sliding limit
+// of window ms, or with strict set, in sub-window index of a strict one.
 type windowKey struct {
-	id        string
-	w, window int64
+	id     string
+	window int64
+	strict bool
+	index  int64
+}
+
+// tally counts the model's decisions by kind.
+type tally struct {
+	allowed, denied, never int
+	// partial: a denial of several enforced limits, one of which admitted.
+	partial int
+	// strict: a denial in which a strict limit did not admit.
+	strict int
+	// shadowed: a Result of a Shadow limit that would have denied.
+	shadowed int
+	// multi: decisions of AllowAll and PeekAll with several limits.
+	multi int
 }
 
 func newModel() *model { return &model{counts: map[windowKey]int64{}} }
@@ -34,13 +58,39 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// estimate is c + floor(p × (W-e) / W) at Unix ms t.
-func (m *model) estimate(id string, w, t int64) int64 {
+// current returns the key of the count a request of id at Unix ms t adds
+// to under limit.
+func current(id string, limit ratelimit.Limit, t int64) windowKey {
+	w := limit.Window.Milliseconds()
+	if limit.Strict {
+		return windowKey{id, w, true, floorDiv(t, w/ratelimit.StrictSubWindows)}
+	}
+	return windowKey{id, w, false, floorDiv(t, w)}
+}
+
+// estimate is what the limit decides on at Unix ms t: for a sliding limit
+// c + floor(p × (W-e) / W), for a strict one the sum of the current
+// sub-window and the StrictSubWindows before it.
+func (m *model) estimate(id string, limit ratelimit.Limit, t int64) int64 {
+	k := current(id, limit, t)
+	return estimateWith(limit, t, func(index int64) int64 { return m.counts[windowKey{id, k.window, k.strict, index}] })
+}
+
+// estimateWith is the estimate of limit at Unix ms t from count, which
+// returns the count of a window (strict: a sub-window) by its index.
+func estimateWith(limit ratelimit.Limit, t int64, count func(index int64) int64) int64 {
+	w := limit.Window.Milliseconds()
+	if limit.Strict {
+		j := floorDiv(t, w/ratelimit.StrictSubWindows)
+		var sum int64
+		for back := range ratelimit.StrictSubWindows + 1 {
+			sum += count(j - int64(back))
+		}
+		return sum
+	}
 	i := floorDiv(t, w)
 	e := t - i*w
-	c := m.counts[windowKey{id, w, i}]
-	p := m.counts[windowKey{id, w, i - 1}]
-	return c + p*(w-e)/w
+	return count(i) + count(i-1)*(w-e)/w
 }
 
 // firstAt returns the first ms d >= 0 at which ok(t+d) holds, trying up to
@@ -54,68 +104,264 @@ func firstAt(t, w int64, ok func(int64) bool) time.Duration {
 	return -1
 }
 
-func (m *model) allowN(id string, limit ratelimit.Limit, t, n int64) ratelimit.Result {
-	w := limit.Window.Milliseconds()
-	est := m.estimate(id, w, t)
-	r := ratelimit.Result{Limit: limit, Count: est}
-	if est+n <= limit.Rate {
-		r.Allowed = true
-		r.Count = est + n
-		m.counts[windowKey{id, w, floorDiv(t, w)}] += n
-	} else if n <= limit.Rate {
-		r.RetryAfter = firstAt(t, w, func(t int64) bool { return m.estimate(id, w, t)+n <= limit.Rate })
-	} else {
-		r.RetryAfter = -1
+// waitFor returns the first wait from t after which the limit's estimate
+// would be at most target with no other request, trying ms after ms. The
+// counts the estimate can read from t on are copied first: no later window
+// has a count yet, and none is written while waiting.
+func (m *model) waitFor(id string, limit ratelimit.Limit, t, target int64) time.Duration {
+	k := current(id, limit, t)
+	first := k.index - ratelimit.StrictSubWindows
+	var snap [ratelimit.StrictSubWindows + 1]int64
+	for i := range snap {
+		snap[i] = m.counts[windowKey{id, k.window, k.strict, first + int64(i)}]
 	}
-	r.Remaining = max(0, limit.Rate-r.Count)
-	r.ResetAfter = firstAt(t, w, func(t int64) bool { return m.estimate(id, w, t) == 0 })
-	return r
+	count := func(index int64) int64 {
+		if index < first || index > k.index {
+			return 0
+		}
+		return snap[index-first]
+	}
+	return firstAt(t, limit.Window.Milliseconds(), func(u int64) bool { return estimateWith(limit, u, count) <= target })
+}
+
+// allowAll decides a request of cost n by id at Unix ms t against limits
+// and counts it: the enforced limits decide together, all or nothing; a
+// Shadow limit counts the request when it alone admits it and denies
+// nothing. A denied request (of the enforced limits, or a Shadow limit's
+// own) is counted under WithCountDenied up to each limit's Rate in its
+// current count. Each Result is derived from the counts after the decision.
+func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []ratelimit.Result {
+	fits := make([]bool, len(limits))
+	allowed := true
+	for i, limit := range limits {
+		fits[i] = m.estimate(id, limit, t)+n <= limit.Rate
+		if !limit.Shadow && !fits[i] {
+			allowed = false
+		}
+	}
+	counted := make([]bool, len(limits))
+	for i, limit := range limits {
+		k := current(id, limit, t)
+		counted[i] = allowed && !limit.Shadow || limit.Shadow && fits[i]
+		switch {
+		case counted[i]:
+			m.counts[k] += n
+		case m.countDenied:
+			m.counts[k] += max(0, min(n, limit.Rate-m.counts[k]))
+		}
+	}
+	res := make([]ratelimit.Result, len(limits))
+	for i, limit := range limits {
+		r := ratelimit.Result{Allowed: allowed, Limit: limit, Count: m.estimate(id, limit, t)}
+		switch {
+		case counted[i]:
+		case n > limit.Rate:
+			r.RetryAfter = ratelimit.InfDuration
+		default:
+			r.RetryAfter = m.waitFor(id, limit, t, limit.Rate-n)
+		}
+		r.Remaining = max(0, limit.Rate-r.Count)
+		r.ResetAfter = m.waitFor(id, limit, t, 0)
+		r.Shadowed = limit.Shadow && !fits[i]
+		res[i] = r
+	}
+	m.count(res, allowed, n)
+	return m.finish(res, allowed, fits)
+}
+
+// peekAll is what a cost-1 allowAll would decide now, counting nothing,
+// with each Count the estimate as it is and ResetAfter the wait until it
+// is 0.
+func (m *model) peekAll(id string, limits []ratelimit.Limit, t int64) []ratelimit.Result {
+	allowed := true
+	res := make([]ratelimit.Result, len(limits))
+	fits := make([]bool, len(limits))
+	for i, limit := range limits {
+		est := m.estimate(id, limit, t)
+		fits[i] = est+1 <= limit.Rate
+		if !limit.Shadow && !fits[i] {
+			allowed = false
+		}
+		res[i] = ratelimit.Result{
+			Count: est, Limit: limit, Remaining: max(0, limit.Rate-est),
+			RetryAfter: m.waitFor(id, limit, t, limit.Rate-1),
+			ResetAfter: m.waitFor(id, limit, t, 0),
+			Shadowed:   limit.Shadow && !fits[i],
+		}
+	}
+	for i := range res {
+		res[i].Allowed = allowed
+	}
+	m.count(res, allowed, 1)
+	return m.finish(res, allowed, fits)
+}
+
+// finish applies WithShadow: a denied decision comes back allowed, Shadowed
+// on the Results of the limits that did not admit the request.
+func (m *model) finish(res []ratelimit.Result, allowed bool, fits []bool) []ratelimit.Result {
+	if m.shadow && !allowed {
+		for i := range res {
+			res[i].Allowed = true
+			res[i].Shadowed = res[i].Shadowed || !fits[i]
+		}
+	}
+	return res
+}
+
+func (m *model) count(res []ratelimit.Result, allowed bool, n int64) {
+	if len(res) > 1 {
+		m.tally.multi++
+	}
+	never, partial, strict := false, false, false
+	for _, r := range res {
+		if r.Shadowed {
+			m.tally.shadowed++
+		}
+		if r.Limit.Shadow || allowed {
+			continue
+		}
+		never = never || n > r.Limit.Rate
+		partial = partial || r.RetryAfter == 0
+		strict = strict || r.Limit.Strict && r.RetryAfter != 0
+	}
+	switch {
+	case allowed:
+		m.tally.allowed++
+	case never:
+		m.tally.never++
+	default:
+		m.tally.denied++
+	}
+	if !allowed && partial {
+		m.tally.partial++
+	}
+	if !allowed && strict {
+		m.tally.strict++
+	}
+}
+
+func (m *model) allowN(id string, limit ratelimit.Limit, t, n int64) ratelimit.Result {
+	return m.allowAll(id, []ratelimit.Limit{limit}, t, n)[0]
 }
 
 // peek is what a cost-1 request would get, with Count the estimate as it is
 // and ResetAfter the wait until that estimate is 0.
 func (m *model) peek(id string, limit ratelimit.Limit, t int64) ratelimit.Result {
-	w := limit.Window.Milliseconds()
-	k := windowKey{id, w, floorDiv(t, w)}
-	saved, had := m.counts[k]
-	r := m.allowN(id, limit, t, 1)
-	if had {
-		m.counts[k] = saved
-	} else {
-		delete(m.counts, k)
-	}
-	r.Count = m.estimate(id, w, t)
-	r.Remaining = max(0, limit.Rate-r.Count)
-	r.ResetAfter = firstAt(t, w, func(t int64) bool { return m.estimate(id, w, t) == 0 })
-	return r
+	return m.peekAll(id, []ratelimit.Limit{limit}, t)[0]
 }
 
+// reset forgets the counts a Reset deletes: the current and previous
+// window's, or every sub-window a strict limit reads.
 func (m *model) reset(id string, limit ratelimit.Limit, t int64) {
-	w := limit.Window.Milliseconds()
-	i := floorDiv(t, w)
-	delete(m.counts, windowKey{id, w, i})
-	delete(m.counts, windowKey{id, w, i - 1})
+	k := current(id, limit, t)
+	back := int64(1)
+	if limit.Strict {
+		back = ratelimit.StrictSubWindows
+	}
+	for i := k.index - back; i <= k.index; i++ {
+		delete(m.counts, windowKey{id, k.window, k.strict, i})
+	}
 }
 
-// The differential tests drive the Limiter and the model through one random
-// trace of thousands of requests over many windows, on every backend, and
-// requires every Result field to agree.
-func TestDifferentialMiniredis(t *testing.T) { runDifferential(t, miniredisEnv(t), tinyWindows) }
+// apply runs o on the model.
+func (m *model) apply(o op) []ratelimit.Result {
+	switch o.kind {
+	case opReset:
+		m.reset(o.id, o.limit, o.at)
+		return nil
+	case opPeek:
+		return []ratelimit.Result{m.peek(o.id, o.limit, o.at)}
+	case opPeekAll:
+		return m.peekAll(o.id, o.limits, o.at)
+	case opAllowAll:
+		return m.allowAll(o.id, o.limits, o.at, o.cost)
+	}
+	return []ratelimit.Result{m.allowN(o.id, o.limit, o.at, o.cost)}
+}
 
-func TestDifferentialRedisServer(t *testing.T) { runDifferential(t, serverEnv(t)(t), realWindows) }
+// do runs o on l.
+func do(ctx context.Context, l *ratelimit.Limiter, o op) ([]ratelimit.Result, error) {
+	switch o.kind {
+	case opReset:
+		return nil, l.Reset(ctx, o.id, o.limit)
+	case opPeek:
+		r, err := l.Peek(ctx, o.id, o.limit)
+		return []ratelimit.Result{r}, err
+	case opPeekAll:
+		return l.PeekAll(ctx, o.id, o.limits)
+	case opAllowAll:
+		return l.AllowAll(ctx, o.id, o.limits, o.cost)
+	}
+	r, err := l.AllowN(ctx, o.id, o.limit, o.cost)
+	return []ratelimit.Result{r}, err
+}
 
-func TestDifferentialRedisCluster(t *testing.T) { runDifferential(t, clusterEnv(t)(t), realWindows) }
+// The differential tests drive the Limiter and the model through random
+// traces of thousands of decisions over many windows (AllowN, AllowAll,
+// Peek, PeekAll and Reset, on sliding, strict and Shadow limits that share
+// ids and windows), on every backend, with and without batching, and in
+// each of the Limiter's modes, and require every Result field to agree.
+func TestDifferentialMiniredis(t *testing.T) {
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool})
+}
+
+func TestDifferentialRedisServer(t *testing.T) {
+	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, realTime: true})
+}
+
+func TestDifferentialRedisCluster(t *testing.T) {
+	runDifferential(t, clusterEnv(t)(t), diffConfig{pool: realPool, realTime: true})
+}
+
+// With lanes, several ids are decided at once, one goroutine each, so that
+// batching (on by default) puts decisions of single and several limits and
+// looks into one script call: on a Cluster, those of ids on one master.
+func TestDifferentialBatchedMiniredis(t *testing.T) {
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 8, batched: true, steps: 2000})
+}
 
 func TestDifferentialBatchedRedisServer(t *testing.T) {
-	runDifferential(t, withOpts(serverEnv(t), ratelimit.WithBatching(64))(t), realWindows)
+	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
 }
 
-// The limits of a trace share ids, and two share a window length (and so
-// their counts). miniredis lets keys expire only when told to, so its trace
-// can use windows of a few ms. A real server expires keys in real time, two
-// windows after the write, while the trace's clock runs at its own pace:
-// there windows are long enough that no key expires before the trace's
-// clock has left the two windows it counts in.
+func TestDifferentialBatchedRedisCluster(t *testing.T) {
+	runDifferential(t, clusterEnv(t)(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
+}
+
+func TestDifferentialUnbatchedRedisServer(t *testing.T) {
+	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, lanes: 8, realTime: true,
+		opts: []ratelimit.Option{ratelimit.WithBatching(1)}})
+}
+
+func TestDifferentialShadowModeMiniredis(t *testing.T) {
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, shadow: true, steps: 2000,
+		opts: []ratelimit.Option{ratelimit.WithShadow(true)}})
+}
+
+func TestDifferentialCountDeniedMiniredis(t *testing.T) {
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 4, countDenied: true, steps: 2000,
+		opts: []ratelimit.Option{ratelimit.WithCountDenied(true)}})
+}
+
+// In both modes a limit that admitted a denied request may not admit it
+// again (its denial was counted), and still it did not deny it: Shadowed
+// marks only the limits that did.
+func TestDifferentialShadowCountDeniedMiniredis(t *testing.T) {
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, shadow: true, countDenied: true, steps: 2000,
+		opts: []ratelimit.Option{ratelimit.WithShadow(true), ratelimit.WithCountDenied(true)}})
+}
+
+// The limits of a trace share ids, and some share a window length (and so
+// their counts): two sliding limits of 40ms, say, and a Shadow one of 7ms
+// beside an enforced one. A strict limit of a window shared with a sliding
+// one keeps counts of its own. miniredis lets keys expire only when told
+// to, so its trace can use windows of a few ms. A real server expires keys
+// in real time, two windows (strict: 1.2 windows) after the write, while the
+// trace's clock runs at its own pace, kept at least twice as fast as real
+// time by a pacer: there windows are long enough (500 ms or more) that no
+// key expires before the trace's clock has left the windows it counts in,
+// even when a request waits a few hundred ms to reach Redis, as it may
+// under the race detector on a busy machine.
 var (
 	tinyWindows = []ratelimit.Limit{
 		{Rate: 5, Window: 40 * time.Millisecond},
@@ -125,23 +371,38 @@ var (
 		{Rate: 50, Window: 1000 * time.Millisecond},
 		{Rate: 30, Window: 300 * time.Millisecond},
 	}
-	realWindows = []ratelimit.Limit{
-		{Rate: 5, Window: 200 * time.Millisecond},
-		{Rate: 12, Window: 200 * time.Millisecond},
-		{Rate: 3, Window: 150 * time.Millisecond},
-		{Rate: 1, Window: 100 * time.Millisecond},
-		{Rate: 50, Window: 1000 * time.Millisecond},
-		{Rate: 30, Window: 300 * time.Millisecond},
+	tinyPool = append(slices.Clip(tinyWindows),
+		ratelimit.Limit{Rate: 8, Window: 40 * time.Millisecond, Strict: true},
+		ratelimit.Limit{Rate: 20, Window: 300 * time.Millisecond, Strict: true},
+		ratelimit.Limit{Rate: 4, Window: 20 * time.Millisecond, Strict: true},
+		ratelimit.Limit{Rate: 6, Window: 7 * time.Millisecond, Shadow: true},
+		ratelimit.Limit{Rate: 2, Window: 300 * time.Millisecond, Shadow: true},
+		ratelimit.Limit{Rate: 10, Window: 100 * time.Millisecond, Strict: true, Shadow: true},
+	)
+	realPool = []ratelimit.Limit{
+		{Rate: 10, Window: time.Second},
+		{Rate: 25, Window: time.Second},
+		{Rate: 6, Window: 750 * time.Millisecond},
+		{Rate: 2, Window: 500 * time.Millisecond},
+		{Rate: 80, Window: 2 * time.Second},
+		{Rate: 40, Window: 1500 * time.Millisecond},
+		{Rate: 15, Window: time.Second, Strict: true},
+		{Rate: 30, Window: 1500 * time.Millisecond, Strict: true},
+		{Rate: 6, Window: 500 * time.Millisecond, Strict: true},
+		{Rate: 12, Window: 750 * time.Millisecond, Shadow: true},
+		{Rate: 4, Window: 1500 * time.Millisecond, Shadow: true},
+		{Rate: 20, Window: 2 * time.Second, Strict: true, Shadow: true},
 	}
 )
 
 // op is one step of a random trace.
 type op struct {
-	at    int64 // Unix ms
-	id    string
-	limit ratelimit.Limit
-	kind  opKind
-	cost  int64
+	at     int64 // Unix ms
+	id     string
+	limit  ratelimit.Limit   // of AllowN, Peek and Reset
+	limits []ratelimit.Limit // of AllowAll and PeekAll
+	kind   opKind
+	cost   int64
 }
 
 type opKind int
@@ -150,10 +411,20 @@ const (
 	opAllow opKind = iota
 	opPeek
 	opReset
+	opAllowAll
+	opPeekAll
 )
 
+func (k opKind) String() string {
+	return [...]string{"AllowN", "Peek", "Reset", "AllowAll", "PeekAll"}[k]
+}
+
 func (o op) String() string {
-	return fmt.Sprintf("at %d: id %q limit %v kind %d cost %d", o.at, o.id, o.limit, o.kind, o.cost)
+	limits := fmt.Sprint(o.limit)
+	if o.kind == opAllowAll || o.kind == opPeekAll {
+		limits = fmt.Sprint(o.limits)
+	}
+	return fmt.Sprintf("at %d: %v id %q limits %s cost %d", o.at, o.kind, o.id, limits, o.cost)
 }
 
 // randomTrace returns steps operations at non-decreasing times, mostly
@@ -165,13 +436,7 @@ func randomTrace(seed uint64, steps int, limits []ratelimit.Limit) []op {
 	now := epoch.UnixMilli() - 17
 	ops := make([]op, steps)
 	for step := range ops {
-		switch r := rng.IntN(100); {
-		case r < 75:
-		case r < 97:
-			now += rng.Int64N(12)
-		default:
-			now += rng.Int64N(2500)
-		}
+		now = nextTime(rng, now)
 		o := op{at: now, id: ids[rng.IntN(len(ids))], limit: limits[rng.IntN(len(limits))], cost: 1}
 		switch k := rng.IntN(20); {
 		case k == 0:
@@ -188,40 +453,198 @@ func randomTrace(seed uint64, steps int, limits []ratelimit.Limit) []op {
 	return ops
 }
 
-func runDifferential(t *testing.T, e env, limits []ratelimit.Limit) {
-	const steps = 4000
+// nextTime returns the time of the next step: mostly the same ms, often a
+// few ms later, now and then after a long pause.
+func nextTime(rng *rand.Rand, now int64) int64 {
+	switch r := rng.IntN(100); {
+	case r < 75:
+		return now
+	case r < 97:
+		return now + rng.Int64N(12)
+	default:
+		return now + rng.Int64N(2500)
+	}
+}
+
+// mixedTrace is randomTrace with decisions of several limits: AllowAll and
+// PeekAll of 2 or 3 limits of the pool with distinct windows (or kinds), on
+// the same ids and windows as the single-limit operations. Ids end in
+// suffix, so that traces with different suffixes never share a count.
+func mixedTrace(seed uint64, steps int, pool []ratelimit.Limit, suffix string) []op {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	ids := []string{"a", "a", "a", "a", "b", "{c}", "d}"} // "a" is hot
+	now := epoch.UnixMilli() - 17
+	ops := make([]op, steps)
+	for step := range ops {
+		switch r := rng.IntN(100); {
+		case r < 80:
+		case r < 98:
+			now += rng.Int64N(8)
+		default:
+			now += rng.Int64N(2500)
+		}
+		o := op{at: now, id: ids[rng.IntN(len(ids))] + suffix, cost: 1}
+		switch k := rng.IntN(100); {
+		case k < 3:
+			o.kind = opReset
+		case k < 10:
+			o.kind = opPeek
+		case k < 20:
+			o.kind = opPeekAll
+		case k < 60:
+			o.kind = opAllowAll
+		default:
+			o.kind = opAllow
+		}
+		o.limit = pool[rng.IntN(len(pool))]
+		least := o.limit.Rate
+		if o.kind == opAllowAll || o.kind == opPeekAll {
+			o.limits = pickLimits(rng, pool, 2+rng.IntN(2))
+			least = o.limits[0].Rate
+			for _, l := range o.limits {
+				least = min(least, l.Rate)
+			}
+		}
+		if o.kind == opAllow || o.kind == opAllowAll {
+			switch k := rng.IntN(20); {
+			case k == 19:
+				o.cost = least + 1 + rng.Int64N(2) // beyond one limit at least
+			case k >= 12:
+				o.cost = 1 + rng.Int64N(least)
+			}
+		}
+		ops[step] = o
+	}
+	return ops
+}
+
+// pickLimits returns k limits of the pool, no two of the same Window and
+// Strict, in random order.
+func pickLimits(rng *rand.Rand, pool []ratelimit.Limit, k int) []ratelimit.Limit {
+	var out []ratelimit.Limit
+	for len(out) < k {
+		l := pool[rng.IntN(len(pool))]
+		if !slices.ContainsFunc(out, func(o ratelimit.Limit) bool { return o.Window == l.Window && o.Strict == l.Strict }) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// diffConfig is one differential run.
+type diffConfig struct {
+	pool  []ratelimit.Limit
+	steps int // decisions in all; 0 means 4000
+	// lanes is how many ids are decided at once, each by its own goroutine
+	// and trace, in lock step on the shared clock; 0 means 1.
+	lanes int
+	// batched: check that some script calls carried several decisions.
+	batched bool
+	opts    []ratelimit.Option
+	// What opts set, for the model.
+	shadow, countDenied bool
+	// realTime: the server expires keys in real time (see pacer).
+	realTime bool
+}
+
+// pacer keeps a trace's clock running at least twice as fast as real time.
+// A real server expires a key in real time, two windows (strict: 1.2)
+// after it was written, and the key is read only until the trace's clock
+// has left the windows it counts in: if the clock ran slower than real
+// time, as it may in a long run of requests a ms apart, a key could expire
+// while still read. At twice real time, a key expires before it is last
+// read only if a request waits longer than a window between reading the
+// clock and reaching Redis. A step planned too soon is moved later, and
+// every step after it with it, so that gaps only grow; the model is given
+// the moved times.
+type pacer struct {
+	on     bool
+	start  time.Time
+	lead   time.Duration // the clock's lead over twice the real time since start, which only grows
+	offset int64         // ms added to the trace's times so far
+}
+
+// at returns the time to decide a step of the trace planned at t.
+func (p *pacer) at(t int64) int64 {
+	if !p.on {
+		return t
+	}
+	if p.start.IsZero() {
+		p.start, p.lead = time.Now(), time.Duration(t)*time.Millisecond
+	}
+	real := 2 * time.Since(p.start)
+	at := t + p.offset
+	if lead := time.Duration(at)*time.Millisecond - real; lead < p.lead {
+		at = int64((real + p.lead + time.Millisecond - 1) / time.Millisecond) // rounded up
+		p.offset = at - t
+	}
+	p.lead = time.Duration(at)*time.Millisecond - real
+	return at
+}
+
+func runDifferential(t *testing.T, e env, c diffConfig) {
+	steps := c.steps
+	if steps == 0 {
+		steps = 4000
+	}
+	lanes := max(c.lanes, 1)
 	ctx := context.Background()
-	l := e.limiter()
+	var calls scriptCalls
+	e.client = countingClient(t, e.client, &calls)
+	l := e.limiter(c.opts...)
 	m := newModel()
-	var allowed, denied, never int
-	for step, o := range randomTrace(1, steps, limits) {
-		e.clock.Set(time.UnixMilli(o.at))
-		where := fmt.Sprintf("step %d %v", step, o)
-		switch o.kind {
-		case opReset:
-			require.NoError(t, l.Reset(ctx, o.id, o.limit), where)
-			m.reset(o.id, o.limit, o.at)
-		case opPeek:
-			got, err := l.Peek(ctx, o.id, o.limit)
-			require.NoError(t, err, where)
-			require.Equal(t, m.peek(o.id, o.limit, o.at), got, where)
-		case opAllow:
-			got, err := l.AllowN(ctx, o.id, o.limit, o.cost)
-			require.NoError(t, err, where)
-			require.Equal(t, m.allowN(o.id, o.limit, o.at, o.cost), got, where)
-			switch {
-			case got.Allowed:
-				allowed++
-			case got.RetryAfter < 0:
-				never++
-			default:
-				denied++
+	m.shadow, m.countDenied = c.shadow, c.countDenied
+	traces := make([][]op, lanes)
+	for lane := range traces {
+		suffix := ""
+		if lanes > 1 {
+			suffix = fmt.Sprintf("#%d", lane)
+		}
+		traces[lane] = mixedTrace(1+uint64(lane), steps/lanes, c.pool, suffix)
+		for step := range traces[lane] { // one clock for all lanes
+			traces[lane][step].at = traces[0][step].at
+		}
+	}
+	got := make([][]ratelimit.Result, lanes)
+	errs := make([]error, lanes)
+	decisions := 0
+	pace := &pacer{on: c.realTime}
+	for step := range traces[0] {
+		at := pace.at(traces[0][step].at)
+		for lane := range traces {
+			traces[lane][step].at = at
+		}
+		e.clock.Set(time.UnixMilli(at))
+		if lanes == 1 {
+			got[0], errs[0] = do(ctx, l, traces[0][step])
+		} else {
+			var wg sync.WaitGroup
+			for lane := range lanes {
+				wg.Go(func() { got[lane], errs[lane] = do(ctx, l, traces[lane][step]) })
+			}
+			wg.Wait()
+		}
+		for lane := range lanes {
+			o := traces[lane][step]
+			where := fmt.Sprintf("step %d lane %d %v", step, lane, o)
+			require.NoError(t, errs[lane], where)
+			require.Equal(t, m.apply(o), got[lane], where)
+			if o.kind != opReset {
+				decisions++
 			}
 		}
 	}
-	// The trace must have crossed the interesting paths many times.
-	t.Logf("allowed %d, denied %d, never %d", allowed, denied, never)
-	require.Greater(t, allowed, steps/10)
-	require.Greater(t, denied, steps/10)
-	require.Greater(t, never, steps/100)
+	// The traces must have crossed the interesting paths many times.
+	s := m.tally
+	t.Logf("%+v; %d decisions in %d script calls; the clock moved %d ms to keep up with real time", s, decisions, calls.n.Load(), pace.offset)
+	require.Greater(t, s.allowed, steps/10)
+	require.Greater(t, s.denied, steps/20)
+	require.Greater(t, s.never, steps/200)
+	require.Greater(t, s.multi, steps/4)
+	require.Greater(t, s.partial, steps/100)
+	require.Greater(t, s.strict, steps/100)
+	require.Greater(t, s.shadowed, steps/100)
+	if c.batched {
+		require.Less(t, calls.n.Load(), int64(decisions), "no script call carried two decisions")
+	}
 }

@@ -63,6 +63,60 @@ func TestFailLocalMatchesModel(t *testing.T) {
 	require.Greater(t, denied, 300)
 }
 
+// The same with decisions of several limits: on the differential tests'
+// mixed trace (AllowN, AllowAll, Peek, PeekAll of sliding, strict and
+// Shadow limits), FailLocal decides all or nothing against each limit's
+// share, as the model does with the shares for limits.
+func TestFailLocalMatchesModelMixed(t *testing.T) {
+	const replicas = 3
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	mr.Close()
+	clk := clock.NewFake(epoch)
+	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
+		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	share := func(limit ratelimit.Limit) ratelimit.Limit {
+		limit.Rate, limit.Name = max(1, limit.Rate/replicas), ""
+		return limit
+	}
+	m := newModel()
+	ctx := context.Background()
+	for step, o := range mixedTrace(6, 3000, tinyPool, "") {
+		clk.Set(time.UnixMilli(o.at))
+		where := fmt.Sprintf("step %d %v", step, o)
+		if o.kind == opReset { // fails with Redis down; the local windows keep their counts
+			require.Error(t, l.Reset(ctx, o.id, o.limit), where)
+			continue
+		}
+		got, err := do(ctx, l, o)
+		require.NoError(t, err, where)
+		shared := o
+		shared.limit = share(o.limit)
+		shared.limits = nil
+		for _, limit := range o.limits {
+			shared.limits = append(shared.limits, share(limit))
+		}
+		want := m.apply(shared)
+		limits := o.limits
+		if limits == nil {
+			limits = []ratelimit.Limit{o.limit}
+		}
+		for i := range want {
+			want[i].Limit, want[i].Degraded = limits[i], true
+		}
+		require.Equal(t, want, got, where)
+	}
+	s := m.tally
+	t.Logf("%+v", s)
+	require.Greater(t, s.allowed, 300)
+	require.Greater(t, s.denied, 300)
+	require.Greater(t, s.partial, 30)
+	require.Greater(t, s.strict, 30)
+	require.Greater(t, s.shadowed, 30)
+}
+
 // Four replicas on FailLocal, each with its own process-local windows,
 // together admit about the limit while Redis is down: each its quarter.
 func TestFailLocalShares(t *testing.T) {
