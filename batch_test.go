@@ -24,8 +24,7 @@ func TestBatchingUnderLoad(t *testing.T) {
 	for _, ctxAware := range []bool{true, false} {
 		t.Run(fmt.Sprint("ContextTimeoutEnabled=", ctxAware), func(t *testing.T) {
 			e := mk(t)
-			e.client = redis.NewClient(&redis.Options{Addr: e.client.(*redis.Client).Options().Addr, ContextTimeoutEnabled: ctxAware})
-			t.Cleanup(func() { _ = e.client.Close() })
+			e.client = newClient(t, &redis.Options{Addr: e.client.(*redis.Client).Options().Addr, ContextTimeoutEnabled: ctxAware})
 			testBatchingUnderLoad(t, e)
 		})
 	}
@@ -40,6 +39,7 @@ func testBatchingUnderLoad(t *testing.T, e env) {
 	var mu sync.Mutex
 	seen := map[string]map[int64]int{}
 	var wg sync.WaitGroup
+	var failed firstError
 	const goroutines, each = 64, 20
 	for g := range goroutines {
 		wg.Go(func() {
@@ -47,7 +47,7 @@ func testBatchingUnderLoad(t *testing.T, e env) {
 				id := ids[(g+i)%len(ids)]
 				res, err := l.Allow(ctx, id, ratelimit.PerMinute(rates[id]))
 				if err != nil || res.Degraded {
-					t.Errorf("Allow: %v, degraded %v", err, res.Degraded)
+					failed.report(fmt.Errorf("Allow: %v, degraded %v", err, res.Degraded))
 					return
 				}
 				if res.Allowed {
@@ -62,6 +62,7 @@ func testBatchingUnderLoad(t *testing.T, e env) {
 		})
 	}
 	wg.Wait()
+	require.NoError(t, failed.get())
 	for _, id := range ids {
 		require.Len(t, seen[id], int(rates[id]), id)
 		for n := int64(1); n <= rates[id]; n++ {
@@ -105,14 +106,16 @@ func TestBatchingLeavesNoGoroutine(t *testing.T) {
 	defer client.Close()
 	l := ratelimit.New(client, ratelimit.WithBatching(64), ratelimit.WithTimeout(time.Minute))
 	var wg sync.WaitGroup
+	var failed firstError
 	for range 64 {
 		wg.Go(func() {
 			for range 10 {
 				if _, err := l.Allow(context.Background(), "id", ratelimit.PerMinute(1000)); err != nil {
-					t.Errorf("Allow: %v", err)
+					failed.report(err)
 				}
 			}
 		})
 	}
 	wg.Wait()
+	require.NoError(t, failed.get())
 }

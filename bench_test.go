@@ -32,21 +32,21 @@ var sink atomic.Int64
 func BenchmarkAllow(b *testing.B) {
 	b.Run("miniredis", func(b *testing.B) {
 		mr := miniredis.RunT(b)
-		benchAllow(b, redis.NewClient(&redis.Options{Addr: mr.Addr()}))
+		benchAllow(b, newClient(b, &redis.Options{Addr: mr.Addr()}))
 	})
 	b.Run("redis-server", func(b *testing.B) {
 		s := redistest.Start(b)
-		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}))
+		benchAllow(b, newClient(b, &redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}))
 	})
 	b.Run("redis-server/batching", func(b *testing.B) {
 		s := redistest.Start(b)
-		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}), ratelimit.WithBatching(128))
+		benchAllow(b, newClient(b, &redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true}), ratelimit.WithBatching(128))
 	})
 	// go-redis's defaults: the client ignores ctx deadlines, so the Limiter
 	// watches the deadline from a goroutine of its own.
 	b.Run("redis-server/client-defaults", func(b *testing.B) {
 		s := redistest.Start(b)
-		benchAllow(b, redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64}))
+		benchAllow(b, newClient(b, &redis.Options{Addr: s.Addr, PoolSize: 64}))
 	})
 }
 
@@ -56,7 +56,6 @@ func BenchmarkAllow(b *testing.B) {
 // policy, not Redis. The timeout is long for that reason only; a decision
 // costs the same whatever the timeout.
 func benchAllow(b *testing.B, client *redis.Client, opts ...ratelimit.Option) {
-	b.Cleanup(func() { _ = client.Close() })
 	l := ratelimit.New(client, append(opts, ratelimit.WithTimeout(10*time.Second))...)
 	limit := ratelimit.PerMinute(1 << 30)
 	var next atomic.Int64
@@ -124,8 +123,7 @@ func BenchmarkDenied(b *testing.B) {
 		{"redis-server+denycache", []ratelimit.Option{ratelimit.WithDenyCache(10_000)}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			client := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
-			b.Cleanup(func() { _ = client.Close() })
+			client := newClient(b, &redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
 			l := ratelimit.New(client, append(tc.opts, ratelimit.WithTimeout(10*time.Second))...)
 			limit := ratelimit.PerHour(10)
 			b.ReportAllocs()

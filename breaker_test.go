@@ -2,6 +2,12 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
 // breakerEnv is a Limiter whose breaker reads a fake clock, on a miniredis
@@ -131,5 +138,230 @@ func TestBreakerOff(t *testing.T) {
 		err := e.allow(t)
 		require.ErrorContains(t, err, "LOADING", "every decision tries Redis")
 		require.NotErrorIs(t, err, ErrCircuitOpen)
+	}
+}
+
+// heldCalls is a go-redis hook that holds the first hold script calls a
+// client makes until release is closed, and records how many requests each
+// script call carried. A held call whose ctx is done by then is not sent.
+type heldCalls struct {
+	hold    int
+	held    chan struct{} // receives once for each call held
+	release chan struct{}
+
+	mu    sync.Mutex
+	sizes []int // requests per script call, in the order they were made
+}
+
+func newHeldCalls(hold int) *heldCalls {
+	return &heldCalls{hold: hold, held: make(chan struct{}, hold), release: make(chan struct{})}
+}
+
+func (h *heldCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
+			return next(ctx, cmd)
+		}
+		// EVALSHA sha numkeys key... requests ...: see callArgs.
+		args := cmd.Args()
+		nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+		nreqs, _ := strconv.Atoi(fmt.Sprint(args[3+nkeys]))
+		h.mu.Lock()
+		h.sizes = append(h.sizes, nreqs)
+		hold := len(h.sizes) <= h.hold
+		h.mu.Unlock()
+		if hold {
+			h.held <- struct{}{}
+			<-h.release
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *heldCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// calls returns the number of requests each script call carried.
+func (h *heldCalls) calls() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.sizes)
+}
+
+// outcome is what one decision returned.
+type outcome struct {
+	id  string
+	res Result
+	err error
+}
+
+// batchAfterHeld makes one decision per id, all in one script call: it
+// fills the batcher's calls in flight with decisions whose script calls
+// hook holds (their ctx is holdCtx), queues the decisions for ids behind
+// them, then lets the held calls go, after cancelling holdCtx if cancel is
+// not nil. The queued decisions then go together in the next call. It
+// returns the outcomes of the queued decisions, by id, and of the held ones.
+func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids []string, holdCtx context.Context, cancel context.CancelFunc) (queued map[string]outcome, held []outcome) {
+	t.Helper()
+	require.NotNil(t, l.batch, "batching is on by default for a *redis.Client")
+	require.Equal(t, maxInFlight, hook.hold)
+	out := make(chan outcome, maxInFlight+len(ids))
+	decide := func(ctx context.Context, id string) {
+		go func() {
+			res, err := l.Allow(ctx, id, limit)
+			out <- outcome{id, res, err}
+		}()
+	}
+	for i := range maxInFlight {
+		decide(holdCtx, fmt.Sprint("held-", i))
+		<-hook.held // in flight, held: the next decision cannot join it
+	}
+	for _, id := range ids {
+		decide(context.Background(), id)
+	}
+	require.Eventually(t, func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return l.batch.waiting == len(ids)
+	}, 10*time.Second, time.Millisecond, "the decisions queue behind the held calls")
+	if cancel != nil {
+		cancel()
+	}
+	close(hook.release)
+	queued = map[string]outcome{}
+	for range maxInFlight + len(ids) {
+		o := <-out
+		if strings.HasPrefix(o.id, "held-") {
+			held = append(held, o)
+		} else {
+			queued[o.id] = o
+		}
+	}
+	// Wait for the batch's own call to be over and counted: it may outlast
+	// the callers, who stop waiting at their own deadlines.
+	require.Eventually(t, func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return l.batch.sending == 0
+	}, 10*time.Second, time.Millisecond, "the batch's call ends")
+	require.Equal(t, []int{1, 1, len(ids)}, hook.calls(), "requests per script call: the queued decisions went together")
+	return queued, held
+}
+
+// A batch that carries a request for an id whose key holds no count fails
+// that request alone: the other decisions of the call are made by Redis,
+// and the breaker hears of one call that Redis answered.
+func TestBatchWithBadKey(t *testing.T) {
+	for _, b := range []struct {
+		name string
+		addr func(t *testing.T) string
+	}{
+		{"miniredis", func(t *testing.T) string { return miniredis.RunT(t).Addr() }},
+		{"RedisServer", func(t *testing.T) string { return redistest.Start(t).Addr }},
+	} {
+		for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
+			t.Run(b.name+"/"+policy.String(), func(t *testing.T) {
+				ctx := context.Background()
+				client := redis.NewClient(&redis.Options{Addr: b.addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
+				t.Cleanup(func() { _ = client.Close() })
+				// Loaded, so that each call is one EVALSHA.
+				require.NoError(t, client.ScriptLoad(ctx, slidingWindowSource).Err())
+				hook := newHeldCalls(maxInFlight)
+				client.AddHook(hook)
+				clk := clock.NewFake(time.UnixMilli(1_700_002_800_000))
+				var mu sync.Mutex
+				handled := map[string][]error{}
+				l := New(client, WithClock(clk.Now), WithTimeout(time.Minute), WithFailurePolicy(policy),
+					WithErrorHandler(func(_ context.Context, id string, err error) {
+						mu.Lock()
+						defer mu.Unlock()
+						handled[id] = append(handled[id], err)
+					}))
+				limit := PerMinute(10)
+				bad := l.appendKeys(nil, "bad", locate(clk.Now().UnixMilli(), limit))[0]
+				require.NoError(t, client.Set(ctx, bad, "not a number", 0).Err())
+
+				ids := []string{"a", "b", "bad", "c", "d"}
+				queued, held := batchAfterHeld(t, l, hook, limit, ids, ctx, nil)
+				for _, o := range held {
+					require.NoError(t, o.err)
+					require.True(t, o.res.Allowed && !o.res.Degraded, "%+v", o)
+				}
+				for _, id := range ids {
+					o := queued[id]
+					if id == "bad" {
+						require.True(t, o.res.Degraded, "%+v", o)
+						require.Equal(t, policy == FailOpen, o.res.Allowed)
+						continue
+					}
+					require.NoError(t, o.err, id)
+					require.False(t, o.res.Degraded, "%s: another id's bad key failed it", id)
+					require.True(t, o.res.Allowed, id)
+					require.Equal(t, int64(1), o.res.Count, id)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				require.Len(t, handled, 1, "errors only for the bad id: %v", handled)
+				require.Len(t, handled["bad"], 1)
+				require.ErrorIs(t, handled["bad"][0], ErrBadReply)
+				require.Zero(t, l.breaker.failures.Load(), "Redis answered")
+			})
+		}
+	}
+}
+
+// A batched script call that fails counts once toward the breaker, however
+// many decisions it carried: five decisions in one call to a server that
+// never answers leave a breaker of threshold 5 closed, with one failure.
+func TestBreakerCountsABatchOnce(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	addr := redistest.Silent(t)
+	for _, ctxAware := range []bool{true, false} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", ctxAware), func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: ctxAware,
+				ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+			t.Cleanup(func() { _ = client.Close() })
+			hook := newHeldCalls(maxInFlight)
+			client.AddHook(hook)
+			var mu sync.Mutex
+			var handled []error
+			l := New(client, WithTimeout(timeout), WithCircuitBreaker(5, time.Hour),
+				WithErrorHandler(func(_ context.Context, _ string, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					handled = append(handled, err)
+				}))
+
+			// The held decisions' callers leave before their calls go on:
+			// that tells nothing of Redis, and counts nothing.
+			holdCtx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ids := []string{"a", "b", "c", "d", "e"}
+			queued, held := batchAfterHeld(t, l, hook, PerMinute(10), ids, holdCtx, cancel)
+			for _, o := range held {
+				require.ErrorIs(t, o.err, context.Canceled)
+			}
+			for _, id := range ids {
+				o := queued[id]
+				require.NoError(t, o.err, id) // FailOpen
+				require.True(t, o.res.Degraded, id)
+			}
+			mu.Lock()
+			require.Len(t, handled, len(ids))
+			for _, err := range handled {
+				// The caller's deadline, or the batch's a moment later.
+				var netErr net.Error
+				require.True(t, errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout(), "%v", err)
+			}
+			mu.Unlock()
+			require.False(t, l.Stats().BreakerOpen, "one failed call of five decisions opened the breaker")
+			require.Equal(t, int32(1), l.breaker.failures.Load(), "one failed call, one failure")
+		})
 	}
 }

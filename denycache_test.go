@@ -25,8 +25,7 @@ func TestDenyCacheChangesNothing(t *testing.T) {
 			clk := clock.NewFake(epoch)
 			newLimiter := func(opts ...ratelimit.Option) (*ratelimit.Limiter, *miniredis.Miniredis) {
 				mr := miniredis.RunT(t)
-				c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-				t.Cleanup(func() { _ = c.Close() })
+				c := newClient(t, &redis.Options{Addr: mr.Addr()})
 				return ratelimit.New(c, append(opts, ratelimit.WithClock(clk.Now), ratelimit.WithTimeout(time.Minute))...), mr
 			}
 			plain, plainRedis := newLimiter()

@@ -23,7 +23,7 @@ func exampleClient() (*redis.Client, func()) {
 	return client, func() { client.Close(); mr.Close() }
 }
 
-func fixedClock() time.Time { return time.UnixMilli(1_700_002_800_250) } // 250ms into a second
+func fixedClock() time.Time { return epoch.Add(250 * time.Millisecond) } // 250ms into a second
 
 func ExampleLimiter_Allow() {
 	client, stop := exampleClient()

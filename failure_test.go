@@ -3,13 +3,15 @@ package ratelimit_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -18,84 +20,60 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
-// handled records what the error handler was called with.
-type handled struct {
-	mu   sync.Mutex
-	ids  []string
-	errs []error
-}
+// clientTimeout is the read, write and pool timeout of the clients in the
+// tests of the Limiter's timeout: a decision that only the client bounded
+// would take this long, far more than those tests allow, which is the
+// Limiter's timeout plus loadSlack.
+const clientTimeout = 30 * time.Second
 
-func (h *handled) handle(_ context.Context, id string, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ids = append(h.ids, id)
-	h.errs = append(h.errs, err)
-}
+// loadSlack is what the tests of the Limiter's timeout allow on top of it:
+// the scheduling delays of a loaded 2-core machine under -race, not a speed
+// claim. It is well below clientTimeout and go-redis's own 3s ReadTimeout.
+const loadSlack = 2 * time.Second
 
-// wantPolicy checks a decision made by the failure policy, and that the
-// handler saw the Redis error.
-func wantPolicy(t *testing.T, policy ratelimit.FailurePolicy, limit ratelimit.Limit, res ratelimit.Result, err error, h *handled) {
-	t.Helper()
-	switch policy {
-	case ratelimit.FailOpen:
-		require.NoError(t, err)
-		require.Equal(t, ratelimit.Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}, res)
-	case ratelimit.FailClosed:
-		require.ErrorIs(t, err, ratelimit.ErrUnavailable)
-		require.Equal(t, ratelimit.Result{Allowed: false, Limit: limit, Degraded: true}, res)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	require.Equal(t, []string{"id"}, h.ids)
-	require.Error(t, h.errs[0])
-	if err != nil {
-		require.ErrorIs(t, err, h.errs[0], "the returned error wraps the Redis error")
+// slowClient returns options for a client of addr whose own timeouts are
+// clientTimeout, and that stops at ctx deadlines itself or not.
+func slowClient(addr string, ctxAware bool) *redis.Options {
+	return &redis.Options{
+		Addr: addr, ContextTimeoutEnabled: ctxAware,
+		ReadTimeout: clientTimeout, WriteTimeout: clientTimeout, PoolTimeout: clientTimeout,
 	}
 }
-
-var policies = []ratelimit.FailurePolicy{ratelimit.FailOpen, ratelimit.FailClosed}
 
 func TestRedisDown(t *testing.T) {
-	for _, policy := range policies {
-		t.Run(policy.String(), func(t *testing.T) {
-			mr := miniredis.RunT(t)
-			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-			t.Cleanup(func() { _ = client.Close() })
-			mr.Close()
-			h := &handled{}
-			l := ratelimit.New(client, ratelimit.WithFailurePolicy(policy), ratelimit.WithErrorHandler(h.handle))
+	for _, p := range policyCases {
+		t.Run(p.name, func(t *testing.T) {
+			h := &errorLog{}
+			l := ratelimit.New(downClient(t), p.with(ratelimit.WithErrorHandler(h.handle))...)
 			limit := ratelimit.PerSecond(10)
 			res, err := l.Allow(context.Background(), "id", limit)
-			wantPolicy(t, policy, limit, res, err, h)
+			requireDegraded(t, p, "id", limit, res, err, h)
 		})
 	}
 }
 
-// A Redis that accepts connections and never answers holds a decision no
-// longer than the timeout (plus scheduling slack), whether or not the client
-// watches ctx deadlines itself. Without the Limiter's own watch, the default
-// client would wait its 3s ReadTimeout, and retry.
+// A Redis that accepts connections and never answers holds a decision for
+// the Limiter's timeout and not for the client's own (30s here), whether or
+// not the client watches ctx deadlines itself: the Limiter stops waiting
+// for a client that does not.
 func TestRedisHangs(t *testing.T) {
 	const timeout = 50 * time.Millisecond
-	const slack = 150 * time.Millisecond
 	addr := redistest.Silent(t)
 	for _, ctxAware := range []bool{false, true} {
-		for _, policy := range policies {
-			name := policy.String() + "/ContextTimeoutEnabled=" + map[bool]string{false: "false", true: "true"}[ctxAware]
-			t.Run(name, func(t *testing.T) {
-				client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: ctxAware})
-				t.Cleanup(func() { _ = client.Close() })
-				h := &handled{}
-				l := ratelimit.New(client, ratelimit.WithFailurePolicy(policy),
-					ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(timeout))
+		for _, p := range policyCases {
+			t.Run(fmt.Sprintf("%s/ContextTimeoutEnabled=%v", p.name, ctxAware), func(t *testing.T) {
+				client := newClient(t, slowClient(addr, ctxAware))
+				h := &errorLog{}
+				l := ratelimit.New(client, p.with(ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(timeout))...)
 				limit := ratelimit.PerSecond(10)
 				start := time.Now()
 				res, err := l.Allow(context.Background(), "id", limit)
 				elapsed := time.Since(start)
-				wantPolicy(t, policy, limit, res, err, h)
-				require.ErrorIs(t, h.errs[0], context.DeadlineExceeded)
+				redisErr := requireDegraded(t, p, "id", limit, res, err, h)
+				require.ErrorIs(t, redisErr, context.DeadlineExceeded)
+				require.ErrorContains(t, redisErr, "no reply within 50ms")
 				require.GreaterOrEqual(t, elapsed, timeout)
-				require.Less(t, elapsed, timeout+slack)
+				require.Less(t, elapsed, timeout+loadSlack)
 			})
 		}
 	}
@@ -104,10 +82,8 @@ func TestRedisHangs(t *testing.T) {
 // A caller that gives up is not a Redis failure: its own error comes back,
 // with no decision and nothing for the error handler.
 func TestCallerContextDone(t *testing.T) {
-	addr := redistest.Silent(t)
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = client.Close() })
-	h := &handled{}
+	client := newClient(t, &redis.Options{Addr: redistest.Silent(t)})
+	h := &errorLog{}
 	l := ratelimit.New(client, ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(time.Minute))
 	limit := ratelimit.PerSecond(10)
 
@@ -122,58 +98,200 @@ func TestCallerContextDone(t *testing.T) {
 	res, err = l.Allow(short, "id", limit)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, ratelimit.Result{Limit: limit}, res)
-	require.Empty(t, h.ids)
+	require.Empty(t, h.seen())
+}
+
+// badReply is a way Redis can fail a decision while answering: a value
+// stored under the current window's key that is not a count (on
+// miniredis), or a raw reply no real Redis would send (from a fake server).
+type badReply struct {
+	name   string
+	stored string // a value stored under the current window's key
+	reply  string // the raw RESP reply a fake server gives the script
+	want   error  // what the error handler's error wraps, if known
+	says   string // what its message contains
+	// unavailable: the reply says Redis cannot serve at all, and the
+	// circuit breaker counts it.
+	unavailable bool
+}
+
+var badReplies = []badReply{
+	{name: "not a number stored", stored: "abc", want: ratelimit.ErrBadReply, says: "holds no count"},
+	{name: "negative count stored", stored: "-5", want: ratelimit.ErrBadReply, says: "holds no count"},
+	{name: "fraction stored", stored: "1.5", want: ratelimit.ErrBadReply, says: "holds no count"},
+	{name: "status, not a list", reply: "+OK\r\n", want: ratelimit.ErrBadReply},
+	{name: "list too short", reply: "*1\r\n:1\r\n", want: ratelimit.ErrBadReply, says: "1 values for 1 requests, want 3"},
+	{name: "list too long", reply: "*4\r\n:1\r\n:0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},
+	{name: "list of words", reply: "*3\r\n$3\r\nyes\r\n$2\r\nno\r\n$5\r\nmaybe\r\n", want: ratelimit.ErrBadReply},
+	{name: "nested list", reply: "*3\r\n*0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},
+	{name: "flag out of range", reply: "*3\r\n:7\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply, says: "allowed flag 7"},
+	{name: "negative count", reply: "*3\r\n:1\r\n:-1\r\n:0\r\n", want: ratelimit.ErrBadReply},
+	{name: "nil", reply: "*-1\r\n", want: ratelimit.ErrBadReply},
+	{name: "busy", reply: "-BUSY Redis is busy running a script\r\n", says: "BUSY", unavailable: true},
+	{name: "loading", reply: "-LOADING Redis is loading the dataset in memory\r\n", says: "LOADING", unavailable: true},
+	{name: "readonly", reply: "-READONLY You can't write against a read only replica.\r\n", says: "READONLY", unavailable: true},
+	{name: "masterdown", reply: "-MASTERDOWN Link with MASTER is down\r\n", says: "MASTERDOWN", unavailable: true},
+}
+
+// env returns an environment whose Redis fails decisions for "id" as tc
+// says.
+func (tc badReply) env(t *testing.T) env {
+	t.Helper()
+	e := miniredisEnv(t)
+	if tc.stored != "" {
+		require.NoError(t, e.client.Set(context.Background(), e.key("id", time.Second, e.windowIndex(time.Second)), tc.stored, 0).Err())
+	}
+	if tc.reply != "" {
+		addr := redistest.Fake(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
+		e.client = newClient(t, &redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	}
+	return e
 }
 
 // Redis errors that are not about the network, and replies of the wrong
-// shape, are failures too: decided by the policy, never a panic. Stored
-// values that are not counts reach the script on miniredis; replies no real
-// Redis would send come from a fake server.
+// shape, are failures too: decided by the policy, never a panic.
 func TestBadReplies(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		stored string // a value stored under the current window's key
-		reply  string // the raw RESP reply a fake server gives the script
-		want   error  // what the error handler's error wraps, if known
-		says   string // what its message contains
-	}{
-		{name: "not a number stored", stored: "abc", want: ratelimit.ErrBadReply, says: "holds no count"},
-		{name: "negative count stored", stored: "-5", want: ratelimit.ErrBadReply, says: "holds no count"},
-		{name: "fraction stored", stored: "1.5", want: ratelimit.ErrBadReply, says: "holds no count"},
-		{name: "status, not a list", reply: "+OK\r\n", want: ratelimit.ErrBadReply},
-		{name: "list too short", reply: "*1\r\n:1\r\n", want: ratelimit.ErrBadReply, says: "1 values for 1 requests, want 3"},
-		{name: "list too long", reply: "*4\r\n:1\r\n:0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},
-		{name: "list of words", reply: "*3\r\n$3\r\nyes\r\n$2\r\nno\r\n$5\r\nmaybe\r\n", want: ratelimit.ErrBadReply},
-		{name: "nested list", reply: "*3\r\n*0\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply},
-		{name: "flag out of range", reply: "*3\r\n:7\r\n:0\r\n:0\r\n", want: ratelimit.ErrBadReply, says: "allowed flag 7"},
-		{name: "negative count", reply: "*3\r\n:1\r\n:-1\r\n:0\r\n", want: ratelimit.ErrBadReply},
-		{name: "nil", reply: "*-1\r\n", want: ratelimit.ErrBadReply},
-		{name: "busy", reply: "-BUSY Redis is busy running a script\r\n", says: "BUSY"},
-		{name: "loading", reply: "-LOADING Redis is loading the dataset in memory\r\n", says: "LOADING"},
-		{name: "readonly", reply: "-READONLY You can't write against a read only replica.\r\n", says: "READONLY"},
-		{name: "masterdown", reply: "-MASTERDOWN Link with MASTER is down\r\n", says: "MASTERDOWN"},
-	} {
-		for _, policy := range policies {
-			t.Run(tc.name+"/"+policy.String(), func(t *testing.T) {
-				e := miniredisEnv(t)
-				if tc.stored != "" {
-					require.NoError(t, e.client.Set(context.Background(), e.key("id", time.Second, e.windowIndex(time.Second)), tc.stored, 0).Err())
-				}
-				if tc.reply != "" {
-					addr := redistest.Fake(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
-					e.client = redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-				}
-				h := &handled{}
-				l := e.limiter(ratelimit.WithFailurePolicy(policy), ratelimit.WithErrorHandler(h.handle))
+	for _, tc := range badReplies {
+		for _, p := range policyCases {
+			t.Run(tc.name+"/"+p.name, func(t *testing.T) {
+				h := &errorLog{}
+				l := tc.env(t).limiter(p.with(ratelimit.WithErrorHandler(h.handle))...)
 				limit := ratelimit.PerSecond(10)
 				res, err := l.Allow(context.Background(), "id", limit)
-				wantPolicy(t, policy, limit, res, err, h)
+				redisErr := requireDegraded(t, p, "id", limit, res, err, h)
 				if tc.want != nil {
-					require.ErrorIs(t, h.errs[0], tc.want)
+					require.ErrorIs(t, redisErr, tc.want)
 				}
-				require.ErrorContains(t, h.errs[0], tc.says)
+				require.ErrorContains(t, redisErr, tc.says)
 			})
 		}
+	}
+}
+
+// The circuit breaker counts only what says Redis cannot serve: many
+// decisions in a row failed by a reply of the wrong shape or a stored value
+// that is not a count leave it closed, while as many BUSY or LOADING
+// replies open it.
+func TestBadRepliesAndTheBreaker(t *testing.T) {
+	const threshold = ratelimit.DefaultBreakerFailures
+	for _, tc := range badReplies {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &errorLog{}
+			// A cooldown that cannot pass within the test: an open breaker
+			// stays open.
+			l := tc.env(t).limiter(ratelimit.WithErrorHandler(h.handle), ratelimit.WithCircuitBreaker(threshold, time.Hour))
+			for range 3 * threshold {
+				res, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(10))
+				require.NoError(t, err) // FailOpen
+				require.True(t, res.Degraded)
+			}
+			errs := h.all()
+			require.Len(t, errs, 3*threshold)
+			require.Equal(t, tc.unavailable, l.Stats().BreakerOpen)
+			if tc.unavailable {
+				for _, err := range errs[:threshold] {
+					require.NotErrorIs(t, err, ratelimit.ErrCircuitOpen)
+				}
+				for _, err := range errs[threshold:] {
+					require.ErrorIs(t, err, ratelimit.ErrCircuitOpen)
+				}
+				return
+			}
+			for _, err := range errs {
+				require.ErrorIs(t, err, tc.want, "every decision tried Redis")
+			}
+		})
+	}
+}
+
+// One client's corrupted key does not open the breaker for everyone: with
+// "not a number" under the current window's key of one id, 50 decisions in
+// a row for it go to the policy, each with ErrBadReply for the error
+// handler, and a decision for another id is still made by Redis, under
+// every policy.
+func TestCorruptedKeyKeepsBreakerClosed(t *testing.T) {
+	ctx := context.Background()
+	limit := ratelimit.PerMinute(100)
+	for _, b := range singleServers(t) {
+		for _, p := range policyCases {
+			t.Run(b.name+"/"+p.name, func(t *testing.T) {
+				e := b.mk(t)
+				require.NoError(t, e.client.Set(ctx, e.key("bad", time.Minute, e.windowIndex(time.Minute)), "not a number", 0).Err())
+				h := &errorLog{}
+				// The default threshold, and a cooldown that cannot pass
+				// within the test: an open breaker stays open. The policy's
+				// own options come after, for the entry without a breaker.
+				opts := append([]ratelimit.Option{
+					ratelimit.WithCircuitBreaker(ratelimit.DefaultBreakerFailures, time.Hour),
+				}, p.with(ratelimit.WithErrorHandler(h.handle))...)
+				l := e.limiter(opts...)
+				for i := range 50 {
+					res, err := l.Allow(ctx, "bad", limit)
+					require.NoError(t, p.degraded(limit, res, err), "decision %d", i)
+				}
+				require.False(t, l.Stats().BreakerOpen, "one id's bad key opened the breaker")
+				errs := h.all()
+				require.Len(t, errs, 50)
+				for _, err := range errs {
+					require.ErrorIs(t, err, ratelimit.ErrBadReply)
+				}
+				require.Equal(t, slices.Repeat([]string{"bad"}, 50), h.seen())
+
+				res, err := l.Allow(ctx, "good", limit)
+				require.NoError(t, err)
+				require.False(t, res.Degraded, "the breaker opened for everyone")
+				require.True(t, res.Allowed)
+				require.Equal(t, int64(1), res.Count)
+				require.Len(t, h.all(), 50, "no error for the other id")
+				require.Equal(t, "not a number", e.client.Get(ctx, e.key("bad", time.Minute, e.windowIndex(time.Minute))).Val(),
+					"the bad value is left as it is")
+			})
+		}
+	}
+}
+
+// A refused connection: with one dial attempt, go-redis gives up at once,
+// and FailClosed returns well within the Limiter's timeout with an error
+// that says why. With go-redis's default dial retries (5, 100ms apart) the
+// command outlasts the Limiter's timeout, and the error names both the
+// timeout and the last dial error (dial.go).
+func TestConnectionRefused(t *testing.T) {
+	addr := deadAddr(t)
+	limit := ratelimit.PerSecond(10)
+	decide := func(t *testing.T, opt *redis.Options, timeout time.Duration) (time.Duration, error) {
+		t.Helper()
+		h := &errorLog{}
+		l := ratelimit.New(newClient(t, opt), ratelimit.WithFailurePolicy(ratelimit.FailClosed),
+			ratelimit.WithTimeout(timeout), ratelimit.WithErrorHandler(h.handle))
+		start := time.Now()
+		res, err := l.Allow(context.Background(), "id", limit)
+		elapsed := time.Since(start)
+		require.NoError(t, failClosed(limit, res, err))
+		require.Len(t, h.all(), 1)
+		require.ErrorIs(t, err, h.all()[0])
+		return elapsed, err
+	}
+	for _, ctxAware := range []bool{true, false} {
+		t.Run(fmt.Sprintf("DialerRetries=1/ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			const timeout = 2 * time.Second
+			elapsed, err := decide(t, &redis.Options{Addr: addr, DialerRetries: 1, ContextTimeoutEnabled: ctxAware}, timeout)
+			require.Less(t, elapsed, timeout/2, "FailClosed waited for the timeout on a refused connection")
+			require.ErrorIs(t, err, syscall.ECONNREFUSED)
+			require.ErrorContains(t, err, "connection refused")
+			require.NotContains(t, err.Error(), "no reply within")
+		})
+		t.Run(fmt.Sprintf("DefaultDialerRetries/ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			// Far below the 400ms that go-redis's five tries take at least,
+			// and long enough for the first try to fail on a loaded machine.
+			const timeout = 250 * time.Millisecond
+			elapsed, err := decide(t, &redis.Options{Addr: addr, ContextTimeoutEnabled: ctxAware}, timeout)
+			require.GreaterOrEqual(t, elapsed, timeout)
+			require.ErrorContains(t, err, "no reply within 250ms")
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorContains(t, err, "last dial error")
+			require.ErrorIs(t, err, syscall.ECONNREFUSED, "the last dial error is wrapped")
+			require.ErrorContains(t, err, "connection refused")
+		})
 	}
 }
 
@@ -184,12 +302,8 @@ func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
 	defer slog.SetDefault(slog.Default())
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
 	clk := clock.NewFake(epoch)
-	l := ratelimit.New(client, ratelimit.WithClock(clk.Now))
+	l := ratelimit.New(downClient(t), ratelimit.WithClock(clk.Now))
 	allow := func(times int) {
 		for range times {
 			res, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(10))
@@ -211,4 +325,51 @@ func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
 	require.Len(t, lines, 2)
 	require.Contains(t, lines[1], "errors_not_logged=149")
 	require.NotContains(t, buf.String(), "id=id", "ids can be secrets and are not logged")
+}
+
+// A call the Limiter stopped waiting for, on a client that ignores ctx
+// deadlines (go-redis's default), goes on until its reply comes. That late
+// reply must reach nothing the callers still use: not the requests of the
+// decisions the policy made meanwhile (FailLocal decides in them), nor the
+// next batch's. Redis hangs while decisions time out, batched and not, then
+// answers every script it was sent; the race detector sees any write the
+// late replies make, and each decision must be the policy's.
+func TestLateRepliesReachNoDecision(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	srv := redistest.Start(t)
+	limit := ratelimit.PerMinute(1000)
+	ids := []string{"a", "b", "c", "d"}
+	for _, p := range policyCases {
+		t.Run(p.name, func(t *testing.T) {
+			proxy := redistest.StartProxy(t, srv.Addr)
+			client := newClient(t, &redis.Options{Addr: proxy.Addr, MaxRetries: -1})
+			l := ratelimit.New(client, p.with(ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(timeout),
+				ratelimit.WithErrorHandler(func(context.Context, string, error) {}))...)
+			res, err := l.Allow(context.Background(), "warm-up", limit) // the server has the script
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+			require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
+				"goroutines of earlier calls have ended")
+
+			proxy.Hang()
+			var failed firstError
+			var wg sync.WaitGroup
+			for g := range 16 {
+				wg.Go(func() {
+					for i := range 4 {
+						res, err := l.Allow(context.Background(), ids[(g+i)%len(ids)], limit)
+						failed.report(p.degraded(limit, res, err))
+					}
+				})
+			}
+			wg.Wait()
+			left := watchGoroutines()
+			proxy.Resume() // the late replies come now
+			require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
+				"the calls the Limiter stopped waiting for end with their replies")
+			require.NoError(t, failed.get())
+			require.Positive(t, left, "calls went on after the Limiter stopped waiting")
+			t.Logf("%d calls outlived their deadline", left)
+		})
+	}
 }

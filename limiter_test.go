@@ -2,146 +2,25 @@ package ratelimit_test
 
 import (
 	"context"
-	"errors"
+	"crypto/sha256"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/clock"
-	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
-
-// epoch is a Unix time that starts a second, a minute and an hour, so that
-// epoch.Add(d) lies d into a window of any of those lengths.
-var epoch = time.UnixMilli(1_700_002_800_000)
-
-// env is what one semantic test runs against: a client of some Redis, a
-// fake clock, and a key prefix no other test uses.
-type env struct {
-	client redis.UniversalClient
-	clock  *clock.Fake
-	prefix string
-	opts   []ratelimit.Option // for every Limiter of the env
-}
-
-// limiter returns a Limiter on the env's client, clock and prefix. Its
-// timeout is long: these tests compare exact results, and a busy machine
-// must not turn one into a failure-policy decision. The timeout has tests of
-// its own.
-func (e env) limiter(opts ...ratelimit.Option) *ratelimit.Limiter {
-	return ratelimit.New(e.client, append([]ratelimit.Option{
-		ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
-		ratelimit.WithTimeout(time.Minute),
-	}, append(e.opts, opts...)...)...)
-}
-
-// key spells out the documented key format independently of the library.
-func (e env) key(id string, window time.Duration, index int64) string {
-	esc := strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(id)
-	return fmt.Sprintf("%s:{%s}:%d:%d", e.prefix, esc, window.Milliseconds(), index)
-}
-
-// windowIndex is the index of the window the clock is in.
-func (e env) windowIndex(window time.Duration) int64 {
-	return e.clock.Now().UnixMilli() / window.Milliseconds()
-}
-
-// set stores counts for id's current and previous windows.
-func (e env) set(t *testing.T, id string, window time.Duration, cur, prev int64) {
-	t.Helper()
-	ctx := context.Background()
-	i := e.windowIndex(window)
-	if cur > 0 {
-		require.NoError(t, e.client.Set(ctx, e.key(id, window, i), cur, 0).Err())
-	}
-	if prev > 0 {
-		require.NoError(t, e.client.Set(ctx, e.key(id, window, i-1), prev, 0).Err())
-	}
-}
-
-// get returns the count stored for id in the window index, 0 when none is.
-func (e env) get(t *testing.T, id string, window time.Duration, index int64) int64 {
-	t.Helper()
-	n, err := e.client.Get(context.Background(), e.key(id, window, index)).Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0
-	}
-	require.NoError(t, err)
-	return n
-}
-
-// keys returns every key under the test's prefix, on every node.
-func (e env) keys(t *testing.T) []string {
-	t.Helper()
-	ctx := context.Background()
-	if cc, ok := e.client.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		var all []string
-		require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			keys, err := c.Keys(ctx, e.prefix+":*").Result()
-			mu.Lock()
-			all = append(all, keys...)
-			mu.Unlock()
-			return err
-		}))
-		return all
-	}
-	keys, err := e.client.Keys(ctx, e.prefix+":*").Result()
-	require.NoError(t, err)
-	return keys
-}
-
-// newEnv is how a backend gives a test a fresh environment.
-type newEnv func(t *testing.T) env
-
-func miniredisEnv(t *testing.T) env {
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
-	return env{client: c, clock: clock.NewFake(epoch), prefix: "test"}
-}
-
-// serverEnv starts one redis-server for all the tests it serves; each gets
-// its own prefix.
-func serverEnv(t *testing.T) newEnv {
-	c := redistest.Start(t).Client(t)
-	return func(t *testing.T) env {
-		return env{client: c, clock: clock.NewFake(epoch), prefix: t.Name()}
-	}
-}
-
-// clusterEnv starts a 3-master Redis Cluster for all the tests it serves.
-func clusterEnv(t *testing.T) newEnv {
-	addrs := redistest.StartCluster(t, 3)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = c.Close() })
-	return func(t *testing.T) env {
-		return env{client: c, clock: clock.NewFake(epoch), prefix: t.Name()}
-	}
-}
 
 func TestSemanticsMiniredis(t *testing.T) { runSemantics(t, miniredisEnv) }
 
 func TestSemanticsRedisServer(t *testing.T) { runSemantics(t, serverEnv(t)) }
 
 func TestSemanticsRedisCluster(t *testing.T) { runSemantics(t, clusterEnv(t)) }
-
-// withOpts returns mk with opts added to every Limiter of its envs.
-func withOpts(mk newEnv, opts ...ratelimit.Option) newEnv {
-	return func(t *testing.T) env {
-		e := mk(t)
-		e.opts = opts
-		return e
-	}
-}
 
 func TestSemanticsBatchedMiniredis(t *testing.T) {
 	runSemantics(t, withOpts(miniredisEnv, ratelimit.WithBatching(64)))
@@ -167,6 +46,8 @@ func runSemantics(t *testing.T, mk newEnv) {
 		{"IDsNeverCollide", testIDsNeverCollide},
 		{"WindowsKeptApart", testWindowsKeptApart},
 		{"PeekWritesNothing", testPeekWritesNothing},
+		{"PeekResetAfterIsExact", testPeekResetAfterIsExact},
+		{"LongIDKeys", testLongIDKeys},
 		{"ResetClears", testResetClears},
 		{"ScriptFlush", testScriptFlush},
 		{"Concurrent", testConcurrent},
@@ -445,6 +326,123 @@ func testPeekWritesNothing(t *testing.T, e env) {
 	require.Equal(t, 1001*time.Millisecond-400*time.Millisecond, res.RetryAfter)
 }
 
+// Peek's ResetAfter is the wait until Peek's Count is 0 (Result's
+// contract): 0 when Count already is, else Count is positive one ms before
+// it and 0 at it. A Peek counts nothing, so a request it would admit must
+// not weigh in its ResetAfter. Each case writes its counts with AllowN at
+// the times given (ms from epoch), then peeks at peekAt.
+func testPeekResetAfterIsExact(t *testing.T, e env) {
+	ctx := context.Background()
+	type allow struct{ at, cost int64 }
+	strict := ratelimit.Limit{Rate: 10, Window: time.Minute, Strict: true}
+	for _, tc := range []struct {
+		name   string
+		limit  ratelimit.Limit
+		allows []allow
+		peekAt int64
+	}{
+		{"empty", ratelimit.PerMinute(10), nil, 25_000},
+		{"current window", ratelimit.PerMinute(10), []allow{{1_000, 3}}, 25_000},
+		{"previous window", ratelimit.PerMinute(10), []allow{{50_000, 9}}, 61_000},
+		{"both windows", ratelimit.PerMinute(100), []allow{{10_000, 40}, {70_000, 30}}, 80_000},
+		// 1 in the previous window weighs floor(1 × 1/60000) = 0: Count 0.
+		{"previous weighs nothing", ratelimit.PerMinute(10), []allow{{0, 1}}, 119_999},
+		{"full", ratelimit.PerMinute(5), []allow{{0, 5}}, 30_000},
+		{"hour", ratelimit.PerHour(1000), []allow{{600_000, 500}, {4_200_000, 300}}, 6_000_000},
+		{"strict", strict, []allow{{0, 2}, {21_000, 3}}, 30_000},
+		{"strict previous window", strict, []allow{{54_000, 4}}, 90_000},
+		{"strict empty", strict, nil, 30_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := e.limiter()
+			for _, a := range tc.allows {
+				e.clock.Set(epoch.Add(time.Duration(a.at) * time.Millisecond))
+				res, err := l.AllowN(ctx, tc.name, tc.limit, a.cost)
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "setting up the counts")
+			}
+			at := epoch.Add(time.Duration(tc.peekAt) * time.Millisecond)
+			peekCount := func(d time.Duration) int64 {
+				t.Helper()
+				e.clock.Set(at.Add(d))
+				res, err := l.Peek(ctx, tc.name, tc.limit)
+				require.NoError(t, err)
+				require.False(t, res.Degraded)
+				return res.Count
+			}
+			e.clock.Set(at)
+			res, err := l.Peek(ctx, tc.name, tc.limit)
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+			require.GreaterOrEqual(t, res.ResetAfter, time.Duration(0))
+			if res.Count == 0 {
+				require.Zero(t, res.ResetAfter, "Count is 0 already")
+				return
+			}
+			require.Positive(t, res.ResetAfter)
+			require.Positive(t, peekCount(res.ResetAfter-time.Millisecond), "one ms before ResetAfter")
+			require.Zero(t, peekCount(res.ResetAfter), "at ResetAfter")
+		})
+	}
+}
+
+// An id longer than MaxIDLength is keyed by "%H" and the hex of its
+// SHA-256: a 1 MiB id is decided like any other, its keys are short, and
+// two such ids that differ only in their last byte keep counts of their
+// own. An id of exactly MaxIDLength bytes keeps the documented format.
+func testLongIDKeys(t *testing.T, e env) {
+	ctx := context.Background()
+	l := e.limiter()
+	limit := ratelimit.PerMinute(1)
+	index := e.windowIndex(time.Minute)
+	mib := strings.Repeat("{x}%", 1<<18) // escaping would make it 3 MiB
+	require.Len(t, mib, 1<<20)
+	long := []string{
+		mib[:len(mib)-1] + "a",
+		mib[:len(mib)-1] + "b",
+		strings.Repeat("{}", ratelimit.MaxIDLength/2) + "x", // one byte over
+	}
+	exact := strings.Repeat("{}", ratelimit.MaxIDLength/2)
+	require.Len(t, exact, ratelimit.MaxIDLength)
+
+	for _, id := range append(slices.Clone(long), exact) {
+		res, err := l.Allow(ctx, id, limit)
+		require.NoError(t, err, "%d bytes", len(id))
+		require.False(t, res.Degraded)
+		require.True(t, res.Allowed, "%d-byte id shares a count with an earlier id", len(id))
+		require.Equal(t, int64(1), res.Count)
+	}
+	for _, id := range append(slices.Clone(long), exact) {
+		res, err := l.Allow(ctx, id, limit)
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "%d-byte id was not counted", len(id))
+	}
+
+	want := []string{e.key(exact, time.Minute, index)}
+	for _, id := range long {
+		want = append(want, fmt.Sprintf("%s:{%%H%x}:%d:%d", e.prefix, sha256.Sum256([]byte(id)), time.Minute.Milliseconds(), index))
+	}
+	got := e.keys(t)
+	for _, key := range got {
+		require.LessOrEqual(t, len(key), len(want[0]), "a key of %d bytes: a long id as it is", len(key))
+	}
+	require.ElementsMatch(t, want, got, "one key each, as documented")
+	for _, key := range want[1:] {
+		require.Less(t, len(key), 200)
+	}
+
+	res, err := l.Peek(ctx, long[0], limit)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Count)
+	require.NoError(t, l.Reset(ctx, long[0], limit))
+	res, err = l.Allow(ctx, long[0], limit)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "Reset cleared the digest's key")
+	res, err = l.Allow(ctx, long[1], limit)
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "Reset left the other id alone")
+}
+
 func testResetClears(t *testing.T, e env) {
 	ctx := context.Background()
 	l := e.limiter()
@@ -471,25 +469,13 @@ func testScriptFlush(t *testing.T, e env) {
 	limit := ratelimit.PerSecond(10)
 	for n := int64(1); n <= 4; n++ {
 		if n%2 == 0 {
-			flushScripts(t, e.client)
+			require.NoError(t, flushScripts(ctx, e.client))
 		}
 		res, err := l.Allow(ctx, "id", limit)
 		require.NoError(t, err)
 		require.False(t, res.Degraded)
 		require.Equal(t, n, res.Count)
 	}
-}
-
-// flushScripts empties the script cache of every node.
-func flushScripts(t *testing.T, c redis.UniversalClient) {
-	ctx := context.Background()
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		require.NoError(t, cc.ForEachShard(ctx, func(ctx context.Context, s *redis.Client) error {
-			return s.ScriptFlush(ctx).Err()
-		}))
-		return
-	}
-	require.NoError(t, c.ScriptFlush(ctx).Err())
 }
 
 // 64 goroutines asking at once for one id get exactly Rate admissions,
@@ -501,12 +487,13 @@ func testConcurrent(t *testing.T, e env) {
 	var mu sync.Mutex
 	seen := map[int64]int{}
 	var wg sync.WaitGroup
+	var failed firstError
 	for range 64 {
 		wg.Go(func() {
 			for range 5 {
 				res, err := l.Allow(ctx, "hot", limit)
 				if err != nil || res.Degraded {
-					t.Errorf("Allow: %v (degraded %v)", err, res.Degraded)
+					failed.report(fmt.Errorf("Allow: %v (degraded %v)", err, res.Degraded))
 					return
 				}
 				if res.Allowed {
@@ -518,6 +505,7 @@ func testConcurrent(t *testing.T, e env) {
 		})
 	}
 	wg.Wait()
+	require.NoError(t, failed.get())
 	require.Len(t, seen, 100)
 	for n := int64(1); n <= 100; n++ {
 		require.Equal(t, 1, seen[n], "count %d", n)
