@@ -90,6 +90,24 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
 
+// detach gives d requests of its own, with the limits and arguments of the
+// ones it sent but none of what a reply writes: a batch call that its
+// caller stopped waiting for may still decode a late reply into the old
+// ones, while the failure policy decides in these.
+func (d *decision) detach() {
+	reqs := make([]*request, len(d.reqs)) // the batch may still read the old slice too
+	for i, r := range d.reqs {
+		nr := &request{cost: r.cost, countDenied: r.countDenied, nlimits: r.nlimits, keys: r.keys,
+			spans: make([]span, len(r.spans))}
+		for j := range r.spans {
+			s := &r.spans[j]
+			nr.spans[j] = span{at: s.at, limit: s.limit, pos: s.pos, rate: s.rate, weight: s.weight, window: s.window, ttl: s.ttl}
+		}
+		reqs[i] = nr
+	}
+	d.reqs = reqs
+}
+
 // checkAll validates a decision's input before Redis is consulted.
 func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 	if len(limits) == 0 {
@@ -161,7 +179,9 @@ func (d *decision) derive() {
 			counted := r.allowed && !look
 			var added int64
 			if d.deniedCounted && !r.allowed && r.countDenied == 1 && !look {
-				added = max(0, min(r.cost, s.limit.Rate-s.seen[0])) // as the script adds
+				if r.cost <= s.limit.Rate { // as the script adds
+					added = max(0, min(r.cost, s.limit.Rate-s.seen[0]))
+				}
 			}
 			res := s.result(n, counted, added)
 			fits := counted || s.pos.estimate(&s.seen)+n <= s.limit.Rate

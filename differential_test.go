@@ -146,7 +146,7 @@ func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []rate
 		switch {
 		case counted[i]:
 			m.counts[k] += n
-		case m.countDenied:
+		case m.countDenied && n <= limit.Rate: // a cost that can never pass is not counted
 			m.counts[k] += max(0, min(n, limit.Rate-m.counts[k]))
 		}
 	}

@@ -18,6 +18,7 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 		d.allowed = false
 		err = fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, redisErr)
 	case FailLocal:
+		d.detach()
 		l.local.decide(id, d)
 	default:
 		d.allowed = true

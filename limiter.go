@@ -82,25 +82,37 @@ type Result struct {
 // Binding returns the Result that decided: when denied, the one with the
 // longest RetryAfter (a negative "never" counts as the longest); when
 // allowed, the one with the least Remaining; ties go to the first; the zero
-// Result for none.
+// Result for none. The Results of Shadow limits, which decide nothing, are
+// passed over unless there are no others.
 func Binding(results []Result) Result {
-	if len(results) == 0 {
-		return Result{}
-	}
-	best := 0
-	for i, r := range results[1:] {
-		b := results[best]
-		if b.Allowed {
-			if r.Remaining < b.Remaining {
-				best = i + 1
-			}
+	best := -1
+	for i, r := range results {
+		if r.Limit.Shadow {
 			continue
 		}
-		if b.RetryAfter >= 0 && (r.RetryAfter < 0 || r.RetryAfter > b.RetryAfter) {
-			best = i + 1
+		if best < 0 || better(r, results[best]) {
+			best = i
 		}
 	}
+	if best < 0 {
+		for i, r := range results {
+			if best < 0 || better(r, results[best]) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return Result{}
+	}
 	return results[best]
+}
+
+// better reports whether r binds more than b, the one so far.
+func better(r, b Result) bool {
+	if b.Allowed {
+		return r.Remaining < b.Remaining
+	}
+	return b.RetryAfter >= 0 && (r.RetryAfter < 0 || r.RetryAfter > b.RetryAfter)
 }
 
 // Limiter decides requests against sliding-window limits kept in Redis.

@@ -200,11 +200,14 @@ func WithShadow(on bool) Option {
 
 // WithCountDenied counts denied requests too (Cloudflare's rule): a denied
 // request's cost is added to each limit's current count, up to the limit's
-// Rate. A client that keeps sending above its limit then stays denied until
-// it slows down, rather than getting a request through each time the
-// estimate dips; the price is that a client which retries too fast never
-// gets through. The deny cache is not used in this mode: a request it
-// denied would not be counted.
+// Rate, and the denial's Result describes the counts so left (its Count
+// includes what was counted, its RetryAfter is the wait from there). A
+// client that keeps sending above its limit then stays denied until it
+// slows down, rather than getting a request through each time the estimate
+// dips; the price is that a client which retries too fast never gets
+// through. A request whose cost is above a limit's Rate, which could never
+// pass, is not counted. The deny cache is not used in this mode (a request
+// it denied would not be counted), and FailLocal does not count denials.
 func WithCountDenied(on bool) Option {
 	return optionFunc(func(c *config) { c.countDenied = on })
 }

@@ -349,11 +349,12 @@ func TestCountDeniedResults(t *testing.T) {
 	require.True(t, res.Allowed, "at RetryAfter")
 	require.Equal(t, int64(5), res.Count)
 
-	// A cost above the Rate is never allowed, and still counted up to it.
+	// A cost above the Rate is never allowed, and not counted: it is a
+	// mistake, not a client to slow down.
 	res, err = l.AllowN(ctx, "big", limit, 7)
 	require.NoError(t, err)
-	require.Equal(t, ratelimit.Result{Count: 5, Limit: limit, RetryAfter: ratelimit.InfDuration, ResetAfter: 1600 * ms}, res)
-	require.Equal(t, int64(5), e.get(t, "big", time.Second, e.windowIndex(time.Second)))
+	require.Equal(t, ratelimit.Result{Count: 0, Limit: limit, Remaining: 5, RetryAfter: ratelimit.InfDuration}, res)
+	require.Equal(t, int64(0), e.get(t, "big", time.Second, e.windowIndex(time.Second)))
 
 	// AllowAll: a denial by the second limit counts under both, each up to
 	// its own Rate: the first's count grows, the second's stays at its 3.

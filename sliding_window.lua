@@ -80,7 +80,9 @@ for _ = 1, tonumber(ARGV[1]) do
   if bad then allowed = false end
   if allowed or (count_denied and cost > 0 and not bad) then
     -- allowed: every limit counts the cost; denied and counting denials:
-    -- every limit counts it up to its rate
+    -- every limit counts it up to its rate, unless the cost is above the
+    -- rate (a request that can never pass is a mistake, not a client to
+    -- slow down)
     local r = flag + 1
     k, a = key, arg + 3
     for _ = 1, limits do
@@ -88,7 +90,8 @@ for _ = 1, tonumber(ARGV[1]) do
       local nkeys = window > 0 and 2 or tonumber(ARGV[a + 1])
       local cur, add, add_arg = reply[r], cost, ARGV[arg]
       if not allowed then
-        add = math.max(0, math.min(cost, tonumber(ARGV[a]) - cur))
+        local rate = tonumber(ARGV[a])
+        add = cost <= rate and math.max(0, math.min(cost, rate - cur)) or 0
         add_arg = string.format('%d', add)
       end
       if add > 0 then

@@ -37,8 +37,9 @@ func (l *Limiter) Wait(ctx context.Context, id string, limit Limit) error {
 // as AllowN does, or until it is clear that it will not. It returns nil once
 // the request is allowed, then counted.
 //
-// Each try is one AllowN; a denied try counts nothing, so a waiter uses no
-// quota until it is let through. After a denial WaitN sleeps the denial's
+// Each try is one AllowN; a denied try counts nothing (unless the Limiter
+// counts denials, WithCountDenied), so a waiter uses no quota until it is
+// let through. After a denial WaitN sleeps the denial's
 // RetryAfter, the exact moment the window would let the request in if no
 // other traffic came, plus a random jitter, uniform between 0 and
 // min(RetryAfter/4, limit.Window/100): waiters denied together, such as
