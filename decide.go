@@ -76,8 +76,9 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		took = time.Since(start)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if expired(ctx) {
 			// The caller left: no decision, and no Redis failure either.
+			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
 			return ctx.Err()
 		}
 		return l.fail(ctx, d, id, took, err)

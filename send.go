@@ -52,8 +52,8 @@ func (l *Limiter) exchange(parent context.Context, c redis.UniversalClient, sc *
 			err = decodeReply(vals, reqs)
 		}
 	}
-	left := err != nil && parent.Err() != nil // the caller left: that says nothing of Redis
-	if err != nil && !left && ctx.Err() != nil {
+	left := err != nil && expired(parent) // the caller left: that says nothing of Redis
+	if err != nil && !left && expired(ctx) {
 		err = l.timedOut(err)
 	}
 	if l.breaker != nil {
@@ -113,6 +113,17 @@ func (l *Limiter) deadline(ctx context.Context) (context.Context, context.Cancel
 }
 
 func noCancel() {}
+
+// expired reports whether ctx is done or its deadline has passed: a client
+// that stops at the deadline itself (ContextTimeoutEnabled) can return, with
+// an i/o timeout, before ctx's own timer has fired.
+func expired(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
 
 // bounded runs fn within the Limiter's deadline, on a client that may not
 // watch ctx.
