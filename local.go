@@ -32,19 +32,19 @@ func (w *localWindows) share(limit Limit) Limit {
 // decide decides d in this process, all or nothing, against each limit's
 // share: it fills d's results (Degraded is left to the caller) and
 // d.allowed. A Shadow limit is counted when its share alone admits the
-// request, and denies nothing. The check and the counting are not one step:
-// concurrent requests of one client may overshoot its share slightly, as
-// befits a fallback.
+// request, and denies nothing. All of an id's windows sit in one shard of
+// the table, so the check and the counting are one step under its lock.
 func (w *localWindows) decide(id string, d *decision) {
 	key := w.key(id)
 	n := max(d.cost, 1) // a look is asked as for a cost of 1
+	shard := w.table.lock(key)
 	for _, r := range d.reqs {
 		r.allowed = d.cost > 0
 		for i := range r.spans {
 			s := &r.spans[i]
 			s.limit = w.share(s.limit)
 			s.seen = counts{}
-			if e, ok := w.table.get(key, s.pos); ok {
+			if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
 				s.seen, _ = e.at(s.pos)
 			}
 			if s.pos.estimate(&s.seen)+n > s.limit.Rate {
@@ -56,16 +56,12 @@ func (w *localWindows) decide(id string, d *decision) {
 		}
 		for i := range r.spans {
 			s := &r.spans[i]
-			w.table.update(key, s.pos, func(e windowEntry, ok bool) (windowEntry, bool) {
-				c := counts{}
-				if ok {
-					c, _ = e.at(s.pos)
-				}
-				c[0] += n
-				return windowEntry{i: s.pos.i, counts: c}, true
-			})
+			c := s.seen
+			c[0] += n
+			shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
 		}
 	}
+	shard.mu.Unlock()
 	d.derive()
 	for i := range d.results {
 		d.results[i].Limit = d.limits[i]

@@ -70,16 +70,27 @@ func (t *windowTable) get(id string, p position) (windowEntry, bool) {
 // when there is none) under the shard's lock, and stores what fn returns if
 // it says to.
 func (t *windowTable) update(id string, p position, fn func(e windowEntry, ok bool) (windowEntry, bool)) {
+	s := t.lock(id)
+	defer s.mu.Unlock()
 	k := tableKey{id, p.w, p.subs}
+	e, ok := s.entries[k]
+	if e, store := fn(e, ok); store {
+		s.put(k, e)
+	}
+}
+
+// lock locks and returns the shard of id, which holds all of id's entries:
+// a caller can read and write several of them in one step.
+func (t *windowTable) lock(id string) *tableShard {
 	s := t.shard(id)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.entries[k]
-	e, store := fn(e, ok)
-	if !store {
-		return
-	}
-	if !ok && len(s.entries) >= s.max {
+	return s
+}
+
+// put stores e under k, dropping an arbitrary entry when the shard is full;
+// s.mu is held.
+func (s *tableShard) put(k tableKey, e windowEntry) {
+	if _, ok := s.entries[k]; !ok && len(s.entries) >= s.max {
 		for old := range s.entries { // map order is random: drop any one
 			delete(s.entries, old)
 			break
