@@ -20,7 +20,9 @@ var slidingWindowSource string
 var articleSource string
 
 // bareOurs sends our script by EVALSHA with nothing around it but building
-// the keys and arguments the way the library does, and reading the flag.
+// the keys and arguments the way the library does, and reading the flag:
+// one request of cost 1 against one sliding limit per call, as the library
+// sends a decision that is not batched.
 type bareOurs struct {
 	s        redis.Scripter
 	sha      string
@@ -43,7 +45,11 @@ func (b *bareOurs) Allow(ctx context.Context, id string) (bool, error) {
 	now := b.now().UnixMilli()
 	i := now / b.ms
 	cur, prev := bareKeyPair("ratelimit:{", id, b.mid, i)
-	vals, err := b.s.EvalSha(ctx, b.sha, []string{cur, prev}, 1, 1, b.rate, b.ms, b.ms-now%b.ms).Int64Slice()
+	// One request, no keys in ARGV; its cost, one limit, denials not
+	// counted; the limit's rate, ms left in the window, window, TTL of a
+	// new key.
+	vals, err := b.s.EvalSha(ctx, b.sha, []string{cur, prev},
+		1, 0, 1, 1, 0, b.rate, b.ms-now%b.ms, b.ms, 2*b.ms).Int64Slice()
 	if err != nil {
 		return false, err
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,6 +163,7 @@ func TestCheckFailsALimiterThatDoesNotLimit(t *testing.T) {
 	s, err := LookupScenario("denied")
 	require.NoError(t, err)
 	require.Contains(t, check(RunResult{Decisions: 100, Allowed: 100}, s, false), "denied")
+	require.Contains(t, check(RunResult{Decisions: 100, Denied: 100, Degraded: 1, FirstDegraded: "late"}, s, false), "1 decisions degraded")
 	require.Contains(t, check(RunResult{Decisions: 100, Denied: 100, Errors: 1, FirstError: "boom"}, s, false), "boom")
 	require.Equal(t, "", check(RunResult{Decisions: 100, Allowed: 5, Denied: 95}, s, false))
 }
@@ -185,7 +188,8 @@ func TestTable(t *testing.T) {
 	lines := `{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":1000,"p50_us":10,"p99_us":20,"ok":true}
 {"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":3000,"p50_us":12,"p99_us":30,"ok":true}
 {"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":3,"decisions":100,"allowed":100,"decisions_per_s":2000,"p50_us":11,"p99_us":25,"ok":true}
-{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"ok":true}
+{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"slow":2,"redis_cpu_us_per_decision":7.25,"script_calls_per_decision":1,"ok":true}
+{"kind":"run","contender":"ours+denycache","scenario":"denied","concurrency":64,"round":1,"decisions":100,"denied":100,"degraded":3,"decisions_per_s":9000,"ok":false,"problem":"3 decisions degraded"}
 
 {"kind":"run","contender":"throttled","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"errors":3,"decisions_per_s":500,"ok":false,"problem":"3 calls failed"}
 {"kind":"memory","contender":"ours","windows":1,"clients":100000,"bytes_per_client":132.8,"keys_per_client":1,"clocked":true,"ok":true}
@@ -194,7 +198,7 @@ func TestTable(t *testing.T) {
 `
 	res, err := ReadResults(strings.NewReader(lines))
 	require.NoError(t, err)
-	require.Len(t, res.Runs, 5)
+	require.Len(t, res.Runs, 6)
 	require.Len(t, res.Memory, 3)
 	require.True(t, res.Failed())
 	var b strings.Builder
@@ -202,7 +206,9 @@ func TestTable(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) |",
-		"| ulule | 8 | 4,000 | 2.00× |",
+		"| ulule | 8 | 4,000 | 2.00× | 5.0 | 9.0 | 0.0 | 0 | 7.2 | 1.000 | 100.0% | 0.0% | 2 | 0 | 1 |",
+		"| ours+denycache | 64 | 9,000 | – |",
+		"| 0.0% | 100.0% | 0 | 3 | 1 (1 FAILED) |",
 		"| throttled | 8 | 500 | 0.25× |",
 		"1 (1 FAILED)",
 		"| ours | 132.8 | 1.00 | 265.8 | 2.00 |",
@@ -233,27 +239,82 @@ func newTestEnv(t *testing.T, mr *miniredis.Miniredis, limit ratelimit.Limit) En
 // startRedis starts a redis-server of the test's own on a free loopback
 // port, stopped with the test, and returns its address; it skips the test
 // if there is no redis-server.
-func startRedis(t *testing.T) string {
-	t.Helper()
+func startRedis(tb testing.TB) string {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Skip("no redis-server on PATH")
+		tb.Skip("no redis-server on PATH")
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
+	require.NoError(tb, l.Close())
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--loglevel", "warning")
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
+	require.NoError(tb, cmd.Start())
+	tb.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer client.Close()
-	require.Eventually(t, func() bool { return client.Ping(context.Background()).Err() == nil },
+	require.Eventually(tb, func() bool { return client.Ping(context.Background()).Err() == nil },
 		5*time.Second, 20*time.Millisecond, "redis-server did not answer on %s", addr)
 	return addr
+}
+
+// A degraded decision is counted apart from errors and decisions, and fails
+// the run, whichever contender returns it.
+func TestRunCountsDegradedDecisions(t *testing.T) {
+	s, err := LookupScenario("allowed")
+	require.NoError(t, err)
+	var n atomic.Int64
+	c := Contender{Name: "flaky", Offline: true, New: func(context.Context, Env) (Decider, error) {
+		return DeciderFunc(func(context.Context, string) (bool, error) {
+			if n.Add(1)%100 == 0 {
+				return true, fmt.Errorf("%w: no reply within 100ms", ErrDegraded)
+			}
+			return true, nil
+		}), nil
+	}}
+	res, err := Run(context.Background(), RunConfig{
+		Contender: c, Scenario: s, Concurrency: 2,
+		Duration: 50 * time.Millisecond, Warmup: 5 * time.Millisecond,
+		Options: redis.Options{Addr: "127.0.0.1:1"},
+	})
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	require.Positive(t, res.Degraded)
+	require.Zero(t, res.Errors)
+	require.Contains(t, res.Problem, "decisions degraded")
+	require.Contains(t, res.FirstDegraded, "no reply within 100ms")
+}
+
+// The bench's ours contenders really differ in what their names say.
+func TestOursVariants(t *testing.T) {
+	addr := startRedis(t)
+	for _, tc := range []struct {
+		name   string
+		lo, hi float64 // script calls per decision at 64 goroutines
+	}{
+		{"ours", 0.001, 0.9}, // batched
+		{"ours/nobatch", 0.95, 1.05},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Lookup(tc.name)
+			require.NoError(t, err)
+			s, err := LookupScenario("allowed")
+			require.NoError(t, err)
+			res, err := Run(context.Background(), RunConfig{
+				Contender: c, Scenario: s, Concurrency: 64,
+				Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond,
+				Options: redis.Options{Addr: addr}, IDPrefix: strings.ReplaceAll(tc.name, "/", "-") + "-",
+			})
+			require.NoError(t, err)
+			require.True(t, res.OK, res.Problem)
+			require.Positive(t, res.RedisCPUPerDecision)
+			require.InDelta(t, (tc.lo+tc.hi)/2, res.ScriptCallsPerDecision, (tc.hi-tc.lo)/2)
+		})
+	}
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -59,19 +60,21 @@ func benchmarkScenario(b *testing.B, scenario string) {
 			}
 			b.Cleanup(func() { closeDecider(d) })
 			ids := IDs(prefix, s.IDs)
-			var allowed, denied, failed atomic.Int64
+			var allowed, denied, degraded, failed atomic.Int64
 			var goroutine atomic.Int64
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(goroutine.Add(1)*7919) % len(ids)
-				var yes, no, errs int64
+				var yes, no, worse, errs int64
 				for pb.Next() {
 					ok, err := d.Allow(ctx, ids[i])
 					if i++; i == len(ids) {
 						i = 0
 					}
 					switch {
+					case errors.Is(err, ErrDegraded):
+						worse++
 					case err != nil:
 						errs++
 					case ok:
@@ -82,10 +85,14 @@ func benchmarkScenario(b *testing.B, scenario string) {
 				}
 				allowed.Add(yes)
 				denied.Add(no)
+				degraded.Add(worse)
 				failed.Add(errs)
 			})
 			b.StopTimer()
 			n := allowed.Load() + denied.Load()
+			if degraded.Load() > 0 {
+				b.Fatalf("%d decisions degraded: the failure policy decided, not Redis", degraded.Load())
+			}
 			if failed.Load() > 0 {
 				b.Fatalf("%d calls failed", failed.Load())
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +29,9 @@ type Scenario struct {
 	// MinAllowed and MinDenied are the least shares (0 to 1) of decisions
 	// that must be allowed and denied: a check that the calls did real work.
 	MinAllowed, MinDenied float64
+	// Prime is how many decisions one goroutine makes, over the ids in
+	// order, before the run's goroutines start; they are not measured.
+	Prime int
 }
 
 // Scenarios returns the scenarios of a run, in the table's order.
@@ -38,6 +43,7 @@ func Scenarios() []Scenario {
 			Limit:      ratelimit.PerMinute(1_000_000),
 			IDs:        10_000,
 			MinAllowed: 0.999,
+			Prime:      1,
 		},
 		{
 			Name:      "denied",
@@ -45,6 +51,7 @@ func Scenarios() []Scenario {
 			Limit:     ratelimit.PerMinute(10),
 			IDs:       1,
 			MinDenied: 0.9,
+			Prime:     11, // past the limit: the 11th is denied
 		},
 	}
 }
@@ -93,21 +100,40 @@ type RunResult struct {
 	Decisions   int64   `json:"decisions"`
 	Allowed     int64   `json:"allowed"`
 	Denied      int64   `json:"denied"`
-	// Errors counts failed calls, warm-up included; any fails the run.
+	// Errors counts failed calls, warm-up included, but for degraded
+	// decisions; any fails the run.
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
+	// Degraded counts decisions the contender's failure policy made because
+	// Redis could not (errors wrapping ErrDegraded), warm-up included; any
+	// fails the run. They are not in Decisions.
+	Degraded      int64  `json:"degraded"`
+	FirstDegraded string `json:"first_degraded,omitempty"`
 	// PerSecond is decisions per second of measured time.
 	PerSecond float64 `json:"decisions_per_s"`
 	// P50 and P99 are latencies of one decision, in microseconds.
 	P50 float64 `json:"p50_us"`
 	P99 float64 `json:"p99_us"`
+	// Slow counts measured decisions that took longer than SlowDecision:
+	// those this library would have left to its failure policy with its
+	// default timeout.
+	Slow int64 `json:"slow"`
 	// AllocsPerDecision and BytesPerDecision are the deltas of
 	// runtime.MemStats Mallocs and TotalAlloc over the measured time, divided
 	// by Decisions: the whole process, go-redis's goroutines included.
 	AllocsPerDecision float64 `json:"allocs_per_decision"`
 	BytesPerDecision  float64 `json:"bytes_per_decision"`
-	GOMAXPROCS        int     `json:"gomaxprocs"`
-	GoVersion         string  `json:"go"`
+	// RedisCPUPerDecision is the server's CPU time (INFO cpu, user and
+	// system, every thread) over the measured time, in microseconds per
+	// decision: scripts, network and parsing. ScriptCallsPerDecision and
+	// ScriptUsPerDecision are the EVAL and EVALSHA calls and their time
+	// (INFO commandstats) per decision. All three are 0 for an offline
+	// contender, and assume no one else uses the server.
+	RedisCPUPerDecision    float64 `json:"redis_cpu_us_per_decision"`
+	ScriptCallsPerDecision float64 `json:"script_calls_per_decision"`
+	ScriptUsPerDecision    float64 `json:"script_us_per_decision"`
+	GOMAXPROCS             int     `json:"gomaxprocs"`
+	GoVersion              string  `json:"go"`
 	// OK is false when calls failed or the outcome missed the scenario's
 	// check; Problem then says why.
 	OK      bool   `json:"ok"`
@@ -117,10 +143,14 @@ type RunResult struct {
 // worker is one goroutine's tally. Each is its own allocation, so that the
 // goroutines do not share cache lines.
 type worker struct {
-	allowed, denied, errors int64
-	firstErr                error
-	hist                    histogram
+	allowed, denied, errors, degraded, slow int64
+	firstErr, firstDegraded                 error
+	hist                                    histogram
 }
+
+// SlowDecision is the latency past which a decision counts as slow:
+// ratelimit.DefaultTimeout.
+const SlowDecision = ratelimit.DefaultTimeout
 
 // Phases of a run, read by every worker before each call.
 const (
@@ -165,6 +195,13 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 	for g := range workers {
 		workers[g] = new(worker)
 	}
+	// The scenario's first decisions, from one goroutine, before the
+	// others start: a connection is dialled, scripts are loaded, and the
+	// abuser is past its limit, as in a server that has been running. Cold,
+	// every goroutine would wait on those at once.
+	for i := range cfg.Scenario.Prime {
+		workers[0].decide(ctx, d, ids[i%len(ids)], false)
+	}
 	var phase atomic.Int32
 	var wg sync.WaitGroup
 	for g, w := range workers {
@@ -177,6 +214,15 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 
 	time.Sleep(cfg.Warmup)
 	var before, after runtime.MemStats
+	// A server without INFO cpu and commandstats (miniredis) leaves the
+	// Redis figures at 0.
+	var redisBefore, redisAfter redisStats
+	var statsErr error
+	if cfg.Contender.Offline {
+		statsErr = errors.New("offline")
+	} else {
+		redisBefore, statsErr = readRedisStats(ctx, client)
+	}
 	runtime.ReadMemStats(&before)
 	phase.Store(phaseMeasure)
 	start := time.Now()
@@ -184,6 +230,9 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 	phase.Store(phaseStop)
 	elapsed := time.Since(start)
 	runtime.ReadMemStats(&after)
+	if statsErr == nil {
+		redisAfter, statsErr = readRedisStats(ctx, client)
+	}
 	wg.Wait()
 
 	var all histogram
@@ -191,8 +240,13 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 		res.Allowed += w.allowed
 		res.Denied += w.denied
 		res.Errors += w.errors
+		res.Degraded += w.degraded
+		res.Slow += w.slow
 		if w.firstErr != nil && res.FirstError == "" {
 			res.FirstError = w.firstErr.Error()
+		}
+		if w.firstDegraded != nil && res.FirstDegraded == "" {
+			res.FirstDegraded = w.firstDegraded.Error()
 		}
 		all.merge(&w.hist)
 	}
@@ -205,47 +259,83 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 		res.AllocsPerDecision = float64(after.Mallocs-before.Mallocs) / float64(res.Decisions)
 		res.BytesPerDecision = float64(after.TotalAlloc-before.TotalAlloc) / float64(res.Decisions)
 	}
+	if n := float64(res.Decisions); n > 0 && statsErr == nil {
+		res.RedisCPUPerDecision = (redisAfter.cpuUs - redisBefore.cpuUs) / n
+		res.ScriptCallsPerDecision = (redisAfter.scriptCalls - redisBefore.scriptCalls) / n
+		res.ScriptUsPerDecision = (redisAfter.scriptUs - redisBefore.scriptUs) / n
+	}
 	res.Problem = check(res, cfg.Scenario, cfg.Contender.Offline)
 	res.OK = res.Problem == ""
 	return res, nil
 }
 
 // loop decides until the phase is phaseStop, starting at ids[i] and going
-// round; it counts only calls that start in phaseMeasure, but errors always.
-// Nothing in it allocates but the Decider.
+// round; it counts only calls that start in phaseMeasure, but errors and
+// degraded decisions always. Nothing in it allocates but the Decider.
+//
+// After each decision it yields the processor (runtime.Gosched), as a
+// server's goroutine does between requests while it waits for the next one.
+// Without it, goroutines answered in a fraction of a microsecond without
+// Redis (a local deny cache) run back to back, each for a full time slice
+// of the scheduler, and a goroutine whose Redis reply has come waits behind
+// dozens of them, past the Limiter's default 100ms timeout: its decision is
+// then the failure policy's (degraded), which measures the bench, not the
+// limiter. Yielding costs well under a microsecond per decision; the noop
+// row shows it.
 func (w *worker) loop(ctx context.Context, d Decider, ids []string, i int, phase *atomic.Int32) {
 	for {
 		ph := phase.Load()
 		if ph == phaseStop {
 			return
 		}
-		id := ids[i]
+		w.decide(ctx, d, ids[i], ph == phaseMeasure)
 		if i++; i == len(ids) {
 			i = 0
 		}
-		t0 := time.Now()
-		ok, err := d.Allow(ctx, id)
-		took := time.Since(t0)
-		switch {
-		case err != nil:
-			w.errors++
-			if w.firstErr == nil {
-				w.firstErr = err
-			}
-		case ph != phaseMeasure:
-		case ok:
-			w.allowed++
-			w.hist.record(took)
-		default:
-			w.denied++
-			w.hist.record(took)
+		runtime.Gosched()
+	}
+}
+
+// decide makes one decision for id and tallies it: errors and degraded
+// decisions always, outcomes and latency only if measured.
+func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool) {
+	t0 := time.Now()
+	ok, err := d.Allow(ctx, id)
+	took := time.Since(t0)
+	switch {
+	case errors.Is(err, ErrDegraded):
+		w.degraded++
+		if w.firstDegraded == nil {
+			w.firstDegraded = err
 		}
+	case err != nil:
+		w.errors++
+		if w.firstErr == nil {
+			w.firstErr = err
+		}
+	case !measured:
+	case ok:
+		w.allowed++
+		w.record(took)
+	default:
+		w.denied++
+		w.record(took)
+	}
+}
+
+func (w *worker) record(took time.Duration) {
+	w.hist.record(took)
+	if took > SlowDecision {
+		w.slow++
 	}
 }
 
 // check returns what is wrong with res under s, or "".
 func check(res RunResult, s Scenario, offline bool) string {
 	switch {
+	case res.Degraded > 0:
+		return fmt.Sprintf("%d decisions degraded (made by the failure policy: Redis did not decide); the first: %s",
+			res.Degraded, res.FirstDegraded)
 	case res.Errors > 0:
 		return fmt.Sprintf("%d calls failed; the first: %s", res.Errors, res.FirstError)
 	case res.Decisions == 0:
@@ -260,4 +350,53 @@ func check(res RunResult, s Scenario, offline bool) string {
 			res.Denied, res.Decisions, 100*s.MinDenied)
 	}
 	return ""
+}
+
+// redisStats are the server's counters the harness reads before and after
+// the measured time.
+type redisStats struct {
+	cpuUs       float64 // used_cpu_user + used_cpu_sys, in µs
+	scriptCalls float64 // EVAL, EVALSHA and their _ro forms: calls
+	scriptUs    float64 // and their time, in µs
+}
+
+// readRedisStats reads INFO cpu and commandstats.
+func readRedisStats(ctx context.Context, client *redis.Client) (redisStats, error) {
+	var st redisStats
+	cpu, err := client.Info(ctx, "cpu").Result()
+	if err != nil {
+		return st, fmt.Errorf("bench: INFO cpu: %w", err)
+	}
+	cmds, err := client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return st, fmt.Errorf("bench: INFO commandstats: %w", err)
+	}
+	found := false
+	for line := range strings.Lines(cpu + cmds) {
+		line = strings.TrimSpace(line)
+		name, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_user", "used_cpu_sys":
+			secs, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return st, fmt.Errorf("bench: INFO cpu: %q: %w", line, err)
+			}
+			st.cpuUs += secs * 1e6
+			found = true
+		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro":
+			var calls, usec float64
+			if _, err := fmt.Sscanf(val, "calls=%g,usec=%g,", &calls, &usec); err != nil {
+				return st, fmt.Errorf("bench: INFO commandstats: %q: %w", line, err)
+			}
+			st.scriptCalls += calls
+			st.scriptUs += usec
+		}
+	}
+	if !found {
+		return st, errors.New("bench: INFO cpu has no used_cpu_user")
+	}
+	return st, nil
 }

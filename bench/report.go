@@ -112,8 +112,9 @@ func Table(w io.Writer, res Results) error {
 			fmt.Fprintf(&b, ": %s", sc.About)
 		}
 		b.WriteString("\n\n")
-		b.WriteString("| contender | goroutines | decisions/s | vs ours | p50 µs | p99 µs | allocs/decision | B/decision | allowed | denied | rounds |\n")
-		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		b.WriteString("| contender | goroutines | decisions/s | vs ours | p50 µs | p99 µs | allocs/decision | B/decision | " +
+			"Redis CPU µs/decision | script calls/decision | allowed | denied | > 100 ms | degraded | rounds |\n")
+		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, conc := range concurrencies(res, sc.Name) {
 			base := spreadOf(pick(res.Runs, sc.Name, conc, "ours", perSecond)).med
 			for _, name := range order {
@@ -129,11 +130,13 @@ func Table(w io.Writer, res Results) error {
 				if c, err := Lookup(name); base > 0 && (err != nil || !c.Offline) {
 					vs = fmt.Sprintf("%.2f×", rate.med/base)
 				}
-				var allowed, denied, decisions int64
+				var allowed, denied, slow, degraded, decisions int64
 				bad := 0
 				for _, r := range runs {
 					allowed += r.Allowed
 					denied += r.Denied
+					degraded += r.Degraded
+					slow += r.Slow
 					decisions += r.Decisions
 					if !r.OK {
 						bad++
@@ -143,13 +146,19 @@ func Table(w io.Writer, res Results) error {
 				if bad > 0 {
 					rounds += fmt.Sprintf(" (%d FAILED)", bad)
 				}
-				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				redisCPU, calls := "–", "–"
+				if c, err := Lookup(name); err != nil || !c.Offline {
+					redisCPU = get(func(r RunResult) float64 { return r.RedisCPUPerDecision }).format(1)
+					calls = get(func(r RunResult) float64 { return r.ScriptCallsPerDecision }).format(3)
+				}
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n",
 					name, conc, rate.format(0), vs,
 					get(func(r RunResult) float64 { return r.P50 }).format(1),
 					get(func(r RunResult) float64 { return r.P99 }).format(1),
 					get(func(r RunResult) float64 { return r.AllocsPerDecision }).format(1),
 					get(func(r RunResult) float64 { return r.BytesPerDecision }).format(0),
-					share(allowed, decisions), share(denied, decisions), rounds)
+					redisCPU, calls,
+					share(allowed, decisions), share(denied, decisions), slow, degraded, rounds)
 			}
 		}
 		b.WriteString("\n")

@@ -20,8 +20,9 @@
 # Each (round, scenario, concurrency, contender) is one process of the same
 # binary, interleaved: A B C, A B C, ... The server is started with no
 # persistence on a free loopback port, FLUSHALLed before every run, and
-# stopped on exit. A run whose calls fail, or whose outcome misses its
-# scenario's check, is reported and makes the script exit 1 at the end.
+# stopped on exit. A run whose calls fail, that has a degraded decision (the
+# failure policy's, not Redis's), or whose outcome misses its scenario's
+# check, is reported and makes the script exit 1 at the end.
 set -euo pipefail
 
 DURATION=${DURATION:-3s}
@@ -124,8 +125,14 @@ echo "- Redis and the bench share the machine; no pinning. Load average at the e
 echo "- $ROUNDS round(s) of $DURATION per run (after $WARMUP of warm-up), contenders interleaved; each run its own process;" \
 	"medians with (min–max) over rounds; go-redis PoolSize $( [ "$POOL" = 0 ] && echo "default (10 × GOMAXPROCS)" || echo "$POOL")"
 [ -n "$stale_script" ] && echo "$stale_script"
+echo "- each goroutine yields (runtime.Gosched) after each decision; one goroutine makes the scenario's first decisions" \
+	"before the others start (a connection, the scripts, the abuser past its limit)"
 echo "- allocs and bytes per decision are the whole process's runtime.MemStats deltas over the measured time, divided by decisions" \
 	"(the noop row shows what the harness itself costs)"
+echo "- Redis CPU µs/decision: the server's CPU time (INFO cpu, user + system) over the measured time, divided by decisions;" \
+	"script calls/decision: EVAL and EVALSHA calls (INFO commandstats) per decision; > 100 ms: measured decisions slower than" \
+	"ratelimit.DefaultTimeout, summed over rounds; degraded: decisions the failure policy made (any fails the run); every ours*" \
+	"runs with WithTimeout(3s), go-redis's ReadTimeout, which bounds the other libraries"
 echo
 "$bench" table "$results" || failed=1
 
