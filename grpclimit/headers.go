@@ -2,12 +2,11 @@ package grpclimit
 
 import (
 	"strconv"
-	"strings"
-	"time"
 
 	"google.golang.org/grpc/metadata"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/headers"
 )
 
 // Response header metadata keys. They carry what httplimit's HTTP headers
@@ -66,62 +65,14 @@ func newPolicy(limit ratelimit.Limit) policy {
 	}
 }
 
-// policyName returns the name the headers give limit when it has none:
-// "100-per-60s", or "10-per-500ms" for a window that is not a whole number
-// of seconds, as httplimit names it.
-func policyName(limit ratelimit.Limit) string {
-	rate := strconv.FormatInt(limit.Rate, 10)
-	if limit.Window%time.Second == 0 {
-		return rate + "-per-" + strconv.FormatInt(int64(limit.Window/time.Second), 10) + "s"
-	}
-	return rate + "-per-" + strconv.FormatInt(limit.Window.Milliseconds(), 10) + "ms"
-}
-
-// sfString returns name as a Structured Fields String (RFC 9651 §3.3.3):
-// quoted, with '"' and '\' escaped and any byte outside printable ASCII,
-// which neither a String nor a metadata value can hold, replaced with '_'.
-func sfString(name string) string {
-	var b strings.Builder
-	b.Grow(len(name) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('_')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
-
-// seconds returns d in whole seconds, rounded up; 0 for d <= 0.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// resetSeconds is the reset the headers report, as httplimit reports it: on
-// a denial that can pass later, the wait until it would (at least 1s, so
-// that it agrees with retry-after); otherwise the wait until the count is 0.
-func resetSeconds(res ratelimit.Result) int64 {
-	if !res.Allowed && res.RetryAfter > 0 {
-		return max(1, seconds(res.RetryAfter))
-	}
-	return seconds(res.ResetAfter)
-}
-
-// neverPasses reports a denial no wait turns into a pass: the cost is above
-// the limit's rate. Any reset sent with it would invite a retry that fails.
-func neverPasses(res ratelimit.Result) bool {
-	return !res.Allowed && res.RetryAfter < 0
-}
+// The header arithmetic httplimit and grpclimit share.
+var (
+	policyName   = headers.PolicyName
+	sfString     = headers.SFString
+	seconds      = headers.Seconds
+	resetSeconds = headers.ResetSeconds
+	neverPasses  = headers.NeverPasses
+)
 
 // headerMD returns the response header metadata of a decision: bind is the
 // binding Result, results those of set's enforced limits. A Degraded
