@@ -292,7 +292,8 @@ func TestShadowMode(t *testing.T) {
 }
 
 // A Shadow limit among enforced ones: its would-be denials are the
-// decision's outcome, under its name.
+// decision's outcome, under its name; an allowed decision is the enforced
+// limit's, which decided it (ratelimit.Binding passes over Shadow limits).
 func TestShadowLimit(t *testing.T) {
 	e := newEnv(t)
 	burst := ratelimit.PerSecond(10)
@@ -307,7 +308,7 @@ func TestShadowLimit(t *testing.T) {
 
 	m := collect(t, e.reader)
 	require.Equal(t, map[string]int64{
-		"outcome=allowed,policy=trial,shadow=true,source=redis": 3,
+		"outcome=allowed,policy=burst,shadow=true,source=redis": 3,
 		"outcome=denied,policy=trial,shadow=true,source=redis":  2,
 	}, m.decisions())
 	require.Equal(t, map[string]int64{"policy=trial": 1}, m.nearLimit())
