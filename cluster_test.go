@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -20,7 +21,7 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = cc.Close() })
 	ctx := context.Background()
-	l := New(cc, WithPrefix(t.Name()))
+	l := New(cc, WithPrefix(t.Name()), WithTimeout(time.Minute)) // a loaded machine must not turn a decision into a policy one
 	limit := PerMinute(10)
 
 	// ids by master, and a master that serves none of some ids
