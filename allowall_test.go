@@ -39,26 +39,6 @@ func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return next
 }
 
-// countingClient returns a new client of the same server (or cluster) as c
-// that counts its script calls in calls; t closes it.
-func countingClient(t *testing.T, c redis.UniversalClient, calls *scriptCalls) redis.UniversalClient {
-	t.Helper()
-	var nc redis.UniversalClient
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		opt := *c.Options()
-		nc = redis.NewClusterClient(&opt)
-	case *redis.Client:
-		opt := *c.Options()
-		nc = redis.NewClient(&opt)
-	default:
-		t.Fatalf("countingClient: %T", c)
-	}
-	nc.AddHook(calls)
-	t.Cleanup(func() { _ = nc.Close() })
-	return nc
-}
-
 func TestAllowAllMiniredis(t *testing.T) { runAllowAll(t, miniredisEnv) }
 
 func TestAllowAllRedisServer(t *testing.T) { runAllowAll(t, serverEnv(t)) }
@@ -415,7 +395,7 @@ func testAllowAllMaxLimits(t *testing.T, e env) {
 func testAllowAllOneScriptCall(t *testing.T, e env) {
 	ctx := context.Background()
 	var calls scriptCalls
-	l := ratelimit.New(countingClient(t, e.client, &calls),
+	l := ratelimit.New(hookedClient(t, e.client, &calls),
 		ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix), ratelimit.WithTimeout(time.Minute))
 	// A redis-server's own count of script calls, from INFO commandstats;
 	// miniredis keeps none, and a Cluster one per node.

@@ -590,7 +590,7 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	lanes := max(c.lanes, 1)
 	ctx := context.Background()
 	var calls scriptCalls
-	e.client = countingClient(t, e.client, &calls)
+	e.client = hookedClient(t, e.client, &calls)
 	l := e.limiter(c.opts...)
 	m := newModel()
 	m.shadow, m.countDenied = c.shadow, c.countDenied
