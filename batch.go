@@ -4,104 +4,129 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher decides concurrent decisions together: while script calls are in
-// flight (at most maxInFlight), the decisions that arrive wait, then go in
-// the next call, as many requests as maxBatch. Redis spends most of a script
-// call's time on invoking the script, not on the few reads and writes inside
-// it, so one call for many requests is most of the gain; the round trips
-// saved are the rest.
+// batcher decides concurrent decisions for one server together: while
+// script calls are in flight (at most maxInFlight), the decisions that
+// arrive wait, then go in the next call, as many requests as maxBatch and
+// within the bounds of one call (maxCallKeys, maxCallValues). Redis spends
+// most of a script call's time on invoking the script, not on the few reads
+// and writes inside it, so one call for many requests is most of the gain;
+// the round trips saved are the rest.
 //
 // At rest there is no goroutine and no wait: a decision that finds room for
 // a call and no one waiting is sent at once, alone, on its caller's
 // goroutine. When a call returns and decisions are waiting, a goroutine
 // sends them, and the next batch after that, and ends when none is waiting.
 //
+// A waiting decision whose caller has left, or whose deadline has passed, is
+// dropped before the next call is built: a call carries only requests whose
+// callers still wait, and it lasts until the latest of their deadlines. The
+// circuit breaker is asked before each call.
+//
+// At most maxQueue requests wait. Past that, a decision waits for room on
+// its caller's goroutine, within its own deadline, and goes to the failure
+// policy if that passes first: a burst that a healthy Redis drains in a few
+// milliseconds is still decided by Redis, while the batcher's memory stays
+// bounded whatever the burst, and a slow Redis is sent no more than its
+// callers wait for.
+//
 // Requests in one call are decided in the order they arrived, each seeing
 // the counts the ones before it wrote, and each call is atomic: the same
 // decisions as if the requests had come one at a time, in some order. All
 // keys of a call must be on one server: on a single Redis (or a failover
-// client's master) one batcher serves all decisions; on a Redis Cluster there
-// is one per master, and its batches declare that their keys span slots
-// (Redis 7's allow-cross-slot-keys).
+// client's master) one batcher serves all decisions; on a Redis Cluster
+// there is one per master, and its batches declare that their keys span
+// slots (Redis 7's allow-cross-slot-keys).
 type batcher struct {
-	l        *Limiter
-	maxBatch int
-	client   redis.UniversalClient // where batches go
-	cross    bool                  // batches go to one Cluster master, across slots
+	t        *transport
+	srv      *server
+	cross    bool // batches go to one Cluster master's own client, across slots
+	maxBatch int  // requests per call
+	maxQueue int  // requests waiting, at most
 
 	mu      sync.Mutex
-	sending int        // calls in flight, at most maxInFlight
-	queue   []*pending // decisions waiting for the next call
-	waiting int        // requests in queue
+	sending int           // calls in flight, at most maxInFlight
+	queue   []*pending    // decisions waiting for the next call, in order
+	waiting int           // requests in queue
+	room    chan struct{} // closed when the queue shrinks; nil when no one waits for room
 }
 
 // maxInFlight calls may be in flight at once, so that Redis runs one while
 // the client hands out the results of another and gathers the next.
 const maxInFlight = 2
 
-// pending is one decision waiting for its batch; done receives once, when
-// its requests are decided or their call failed.
+// queuedCalls is how many calls' worth of requests (maxBatch each) may wait.
+const queuedCalls = 16
+
+// pending is one decision waiting for its batch; done receives its replies
+// once, when its requests are decided or their call failed.
 type pending struct {
+	ctx  context.Context // the caller's, with the Limiter's deadline
+	ours bool            // the Limiter's timeout set ctx's deadline
 	reqs []*request
-	done chan error
+	done chan batchReply
 }
 
-// decide sends reqs, one decision's requests, in a batch and returns when
-// they are decided, or with ctx's error if ctx is done first; they may then
-// still be decided, and counted, by the call they are in.
-func (b *batcher) decide(ctx context.Context, reqs []*request) error {
+// batchReply is what a batch hands one of its decisions: replies of its own,
+// which the batch no longer touches.
+type batchReply struct {
+	replies []reply
+	err     error
+}
+
+// decide sends reqs, one decision's requests, in a batch and stores their
+// replies in out, or returns ctx's error if ctx is done first; the requests
+// may then still be decided, and counted, by a call already under way.
+func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []reply) error {
 	b.mu.Lock()
-	if b.sending < maxInFlight && len(b.queue) == 0 {
-		// Room for a call and no one waiting: send at once on this
-		// goroutine; the Limiter's deadline bounds it.
-		b.sending++
+	for {
+		if b.sending < maxInFlight && len(b.queue) == 0 {
+			// Room for a call and no one waiting: send at once on this
+			// goroutine, through the client itself.
+			b.sending++
+			b.mu.Unlock()
+			err := b.t.exchange(ctx, ours, b.srv, b.t.client, decider, reqs, out)
+			b.next()
+			return err
+		}
+		if b.waiting+len(reqs) <= b.maxQueue || len(b.queue) == 0 {
+			break
+		}
+		if b.room == nil {
+			b.room = make(chan struct{})
+		}
+		room := b.room
 		b.mu.Unlock()
-		err := b.l.exchange(ctx, b.l.client, decider, reqs)
-		b.next()
-		return err
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		b.mu.Lock()
 	}
-	p := &pending{reqs: reqs, done: make(chan error, 1)}
+	p := &pending{ctx: ctx, ours: ours, reqs: reqs, done: make(chan batchReply, 1)}
 	b.queue = append(b.queue, p)
 	b.waiting += len(reqs)
 	if b.sending < maxInFlight {
 		b.sending++
-		go b.flush(b.take())
+		go b.flush()
 	}
 	b.mu.Unlock()
-	ctx, cancel := b.l.deadline(ctx)
-	defer cancel()
 	select {
-	case err := <-p.done:
-		return err
+	case r := <-p.done:
+		copy(out, r.replies)
+		return r.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// take removes waiting decisions from the queue, up to maxBatch requests
-// (at least one decision); b.mu is held.
-func (b *batcher) take() []*pending {
-	n, reqs := 0, 0
-	for n < len(b.queue) && (n == 0 || reqs+len(b.queue[n].reqs) <= b.maxBatch) {
-		reqs += len(b.queue[n].reqs)
-		n++
-	}
-	batch := b.queue[:n:n]
-	b.queue = b.queue[n:]
-	b.waiting -= reqs
-	if len(b.queue) == 0 {
-		b.queue = nil // let the backing array go
-	}
-	return batch
-}
-
 // next starts a goroutine for the decisions that came while a call was in
-// flight, or marks that nothing is in flight.
+// flight, or marks that the call is over.
 func (b *batcher) next() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -109,60 +134,131 @@ func (b *batcher) next() {
 		b.sending--
 		return
 	}
-	go b.flush(b.take())
+	go b.flush()
 }
 
-// flush sends batch and then every batch that waits after it, until none
-// does. Its calls are bounded by the Limiter's timeout alone: no caller's
-// ctx can cancel a call that carries other callers' requests.
-func (b *batcher) flush(batch []*pending) {
+// flush sends the waiting decisions, a batch at a time, until none waits.
+func (b *batcher) flush() {
 	for {
-		// A new slice for each call: a call the Limiter stopped waiting
-		// for, on a client that ignores ctx deadlines, may still be
-		// reading the last one.
-		var reqs []*request
-		for _, p := range batch {
-			reqs = append(reqs, p.reqs...)
-		}
-		b.send(batch, reqs)
 		b.mu.Lock()
-		if len(b.queue) == 0 {
+		batch := b.take()
+		if len(batch) == 0 {
 			b.sending--
 			b.mu.Unlock()
 			return
 		}
-		batch = b.take()
 		b.mu.Unlock()
+		b.send(batch)
 	}
 }
 
-// send makes one script call for batch, whose requests are reqs, and hands
-// each decision its outcome. On a Cluster, a batch that the master refused
-// without running it (a slot moved or is moving, the cluster is down, or the
-// server cannot run cross-slot scripts) is sent again one decision per call
-// through the Cluster client, which follows redirects: nothing ran, so
-// nothing counts twice.
-func (b *batcher) send(batch []*pending, reqs []*request) {
-	if !b.cross || len(batch) == 1 {
-		err := b.l.exchange(context.Background(), b.l.client, decider, reqs)
-		for _, p := range batch {
-			p.done <- err
+// take removes the next batch from the queue: waiting decisions in order,
+// up to the bounds of a call (at least one decision), passing over and
+// dropping those whose caller has left. b.mu is held.
+func (b *batcher) take() []*pending {
+	var batch []*pending
+	reqs, keys, values, n := 0, 0, 0, 0
+	for ; n < len(b.queue); n++ {
+		p := b.queue[n]
+		if expired(p.ctx) {
+			b.waiting -= len(p.reqs)
+			continue
 		}
-		return
+		k, v := 0, 0
+		for _, r := range p.reqs {
+			rk, rv := r.callSize()
+			k, v = k+rk, v+rv
+		}
+		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+k > maxCallKeys || values+v > maxCallValues) {
+			break
+		}
+		batch = append(batch, p)
+		reqs, keys, values = reqs+len(p.reqs), keys+k, values+v
+		b.waiting -= len(p.reqs)
 	}
-	err := b.l.exchange(context.Background(), b.client, crossSlotDecider, reqs)
-	if refused, unsupported := refusedBatch(err); refused {
+	clear(b.queue[:n]) // let the dropped and taken go
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	if b.room != nil {
+		close(b.room)
+		b.room = nil
+	}
+	return batch
+}
+
+// send makes one script call for batch and hands each decision its
+// replies. The call's deadline is the latest of its decisions': no caller's
+// ctx can cancel a call that carries other callers' requests, and no call
+// outlasts all of them.
+//
+// On a Cluster, a batch that the master refused without running it (a slot
+// moved or is moving, the cluster is down, or the server cannot run
+// cross-slot scripts) is sent again one decision per call through the
+// Cluster client, which follows redirects: nothing ran, so nothing counts
+// twice.
+func (b *batcher) send(batch []*pending) {
+	ctx, cancel, ours := callContext(batch)
+	defer cancel()
+	var reqs []*request
+	for _, p := range batch {
+		reqs = append(reqs, p.reqs...)
+	}
+	out := make([]reply, len(reqs))
+	c, sc := b.t.client, decider
+	cross := b.cross && len(batch) > 1
+	if cross {
+		c, sc = b.srv.client, crossSlotDecider
+	}
+	err := b.t.exchange(ctx, ours, b.srv, c, sc, reqs, out)
+	if refused, unsupported := refusedBatch(err); cross && refused {
 		if unsupported {
-			b.l.nodes.off.Store(true)
+			b.t.crossOff.Store(true)
 		}
+		b.t.reload()
 		for _, p := range batch {
-			p.done <- b.l.exchange(context.Background(), b.l.client, decider, p.reqs)
+			p.done <- b.t.alone(p)
 		}
 		return
 	}
 	for _, p := range batch {
-		p.done <- err
+		p.done <- batchReply{replies: out[:len(p.reqs):len(p.reqs)], err: err}
+		out = out[len(p.reqs):]
 	}
+}
+
+// alone sends the requests of p, a decision of a Cluster batch that its
+// master refused, in a call of their own through the Cluster client.
+func (t *transport) alone(p *pending) batchReply {
+	if err := p.ctx.Err(); err != nil {
+		return batchReply{err: err}
+	}
+	out := make([]reply, len(p.reqs))
+	srv, err := t.serverFor(p.ctx, p.reqs[0].keys[0])
+	if err == nil {
+		err = t.exchange(p.ctx, p.ours, srv, t.client, decider, p.reqs, out)
+	}
+	return batchReply{replies: out, err: err}
+}
+
+// callContext returns the context of a call for batch: the latest of its
+// decisions' deadlines (none if one has none), and whether the Limiter's
+// timeout set that deadline.
+func callContext(batch []*pending) (context.Context, context.CancelFunc, bool) {
+	var latest time.Time
+	ours := false
+	for _, p := range batch {
+		d, ok := p.ctx.Deadline()
+		if !ok {
+			return context.Background(), noCancel, false
+		}
+		if d.After(latest) {
+			latest, ours = d, p.ours
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	return ctx, cancel, ours
 }
 
 // refusedBatch reports whether a Cluster master refused a batch without
@@ -187,33 +283,4 @@ func refusedBatch(err error) (refused, unsupported bool) {
 		return true, true
 	}
 	return false, false
-}
-
-// nodeBatchers batches decisions per Redis Cluster master.
-type nodeBatchers struct {
-	cc       *redis.ClusterClient
-	maxBatch int
-	off      atomic.Bool // the masters cannot run cross-slot scripts
-	byNode   sync.Map    // *redis.Client of a master -> *batcher
-}
-
-// batcherFor returns the batcher for a decision whose first request is r,
-// or nil when it goes alone.
-func (l *Limiter) batcherFor(ctx context.Context, r *request) *batcher {
-	if l.batch != nil {
-		return l.batch
-	}
-	n := l.nodes
-	if n == nil || n.off.Load() {
-		return nil
-	}
-	node, err := n.cc.MasterForKey(ctx, r.keys[0])
-	if err != nil {
-		return nil
-	}
-	if b, ok := n.byNode.Load(node); ok {
-		return b.(*batcher)
-	}
-	b, _ := n.byNode.LoadOrStore(node, &batcher{l: l, maxBatch: n.maxBatch, client: node, cross: true})
-	return b.(*batcher)
 }

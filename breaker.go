@@ -86,6 +86,9 @@ func (b *breaker) done(probe bool, err error) {
 	}
 }
 
+// isOpen reports whether b is open or probing; false for no breaker.
+func (b *breaker) isOpen() bool { return b != nil && b.state.Load() != closed }
+
 // abandon records that a decision which tried Redis ended without telling
 // anything of Redis (its caller left). A probe gives its turn back, so the
 // next decision probes at once.
@@ -108,9 +111,9 @@ var unavailableReplies = []string{
 // timeout, a connection that could not be made or was lost, a closed client
 // or exhausted pool, or a reply such as LOADING, BUSY, READONLY,
 // MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM or MISCONF. These are
-// the failures the circuit breaker counts. A reply of the wrong shape
-// (ErrBadReply), or a script error caused by one id's data, says Redis is
-// up: Unavailable is false for them.
+// the failures a server's circuit breaker counts, but for CLUSTERDOWN and
+// TRYAGAIN. A reply of the wrong shape (ErrBadReply), or a script error
+// caused by one id's data, says Redis is up: Unavailable is false for them.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
@@ -131,4 +134,15 @@ func Unavailable(err error) bool {
 		}
 	}
 	return false
+}
+
+// opensBreaker reports whether err counts toward opening the breaker of the
+// server that gave it: Unavailable, but for CLUSTERDOWN and TRYAGAIN. A
+// node that answers those at once is up: the cluster as a whole is down
+// (a master failed, and full coverage is required) or a slot is moving, and
+// it may be whole again at any moment. Were they counted, the failure of one
+// master would open the breakers of all the others, which would then deny
+// for a cooldown after the cluster had recovered.
+func opensBreaker(err error) bool {
+	return Unavailable(err) && !redis.HasErrorPrefix(err, "CLUSTERDOWN") && !redis.HasErrorPrefix(err, "TRYAGAIN")
 }

@@ -42,7 +42,7 @@ func newBreakerEnv(t *testing.T, opts ...Option) *breakerEnv {
 			e.mu.Unlock()
 		}),
 	}, opts...)...)
-	e.l.breaker.now = e.clock.Now
+	e.l.t.one.breaker.now = e.clock.Now
 	return e
 }
 
@@ -114,25 +114,25 @@ func TestBreakerOneProbe(t *testing.T) {
 	e.mr.SetError("BUSY Redis is busy running a script")
 	require.Error(t, e.allow(t))
 	e.clock.Add(time.Second)
-	ok, probe := e.l.breaker.allow()
+	ok, probe := e.l.t.one.breaker.allow()
 	require.True(t, ok)
 	require.True(t, probe)
 	for range 10 {
-		ok, _ := e.l.breaker.allow()
+		ok, _ := e.l.t.one.breaker.allow()
 		require.False(t, ok, "a second probe while the first is out")
 	}
-	e.l.breaker.abandon(true) // its caller left: the turn goes back
-	ok, probe = e.l.breaker.allow()
+	e.l.t.one.breaker.abandon(true) // its caller left: the turn goes back
+	ok, probe = e.l.t.one.breaker.allow()
 	require.True(t, ok && probe)
-	e.l.breaker.done(true, nil)
-	require.Equal(t, closed, e.l.breaker.state.Load())
+	e.l.t.one.breaker.done(true, nil)
+	require.Equal(t, closed, e.l.t.one.breaker.state.Load())
 }
 
 func TestBreakerOff(t *testing.T) {
-	require.NotNil(t, newBreakerEnv(t).l.breaker, "on by default")
+	require.NotNil(t, newBreakerEnv(t).l.t.one.breaker, "on by default")
 	e := newBreakerEnv(t)
-	e.l.breaker = nil // as WithCircuitBreaker(0, 0) leaves it
-	require.Nil(t, New(redis.NewClient(&redis.Options{}), WithCircuitBreaker(0, 0)).breaker)
+	e.l.t.one.breaker = nil // as WithCircuitBreaker(0, 0) leaves it
+	require.Nil(t, New(redis.NewClient(&redis.Options{}), WithCircuitBreaker(0, 0)).t.one.breaker)
 	e.mr.SetError("LOADING Redis is loading the dataset in memory")
 	for range 20 {
 		err := e.allow(t)
@@ -209,7 +209,7 @@ type outcome struct {
 // returns the outcomes of the queued decisions, by id, and of the held ones.
 func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids []string, holdCtx context.Context, cancel context.CancelFunc) (queued map[string]outcome, held []outcome) {
 	t.Helper()
-	require.NotNil(t, l.batch, "batching is on by default for a *redis.Client")
+	require.NotNil(t, l.t.one.batch, "batching is on by default for a *redis.Client")
 	require.Equal(t, maxInFlight, hook.hold)
 	out := make(chan outcome, maxInFlight+len(ids))
 	decide := func(ctx context.Context, id string) {
@@ -226,9 +226,9 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 		decide(context.Background(), id)
 	}
 	require.Eventually(t, func() bool {
-		l.batch.mu.Lock()
-		defer l.batch.mu.Unlock()
-		return l.batch.waiting == len(ids)
+		l.t.one.batch.mu.Lock()
+		defer l.t.one.batch.mu.Unlock()
+		return l.t.one.batch.waiting == len(ids)
 	}, 10*time.Second, time.Millisecond, "the decisions queue behind the held calls")
 	if cancel != nil {
 		cancel()
@@ -246,9 +246,9 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 	// Wait for the batch's own call to be over and counted: it may outlast
 	// the callers, who stop waiting at their own deadlines.
 	require.Eventually(t, func() bool {
-		l.batch.mu.Lock()
-		defer l.batch.mu.Unlock()
-		return l.batch.sending == 0
+		l.t.one.batch.mu.Lock()
+		defer l.t.one.batch.mu.Unlock()
+		return l.t.one.batch.sending == 0
 	}, 10*time.Second, time.Millisecond, "the batch's call ends")
 	require.Equal(t, []int{1, 1, len(ids)}, hook.calls(), "requests per script call: the queued decisions went together")
 	return queued, held
@@ -310,7 +310,7 @@ func TestBatchWithBadKey(t *testing.T) {
 				require.Len(t, handled, 1, "errors only for the bad id: %v", handled)
 				require.Len(t, handled["bad"], 1)
 				require.ErrorIs(t, handled["bad"][0], ErrBadReply)
-				require.Zero(t, l.breaker.failures.Load(), "Redis answered")
+				require.Zero(t, l.t.one.breaker.failures.Load(), "Redis answered")
 			})
 		}
 	}
@@ -361,7 +361,7 @@ func TestBreakerCountsABatchOnce(t *testing.T) {
 			}
 			mu.Unlock()
 			require.False(t, l.Stats().BreakerOpen, "one failed call of five decisions opened the breaker")
-			require.Equal(t, int32(1), l.breaker.failures.Load(), "one failed call, one failure")
+			require.Equal(t, int32(1), l.t.one.breaker.failures.Load(), "one failed call, one failure")
 		})
 	}
 }

@@ -49,27 +49,26 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 		{"a later id elsewhere (non local key)", []string{byNode[home][2], byNode[elsewhere][1], byNode[elsewhere][2]}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := &batcher{l: l, maxBatch: 64, client: home, cross: true}
+			srv := l.t.newServer(home.Options().Addr, home, true, true)
 			var batch []*pending
-			var reqs []*request
 			for _, id := range tc.ids {
 				d := l.newTestDecision(id, limit)
-				p := &pending{reqs: d.reqs, done: make(chan error, 1)}
-				batch = append(batch, p)
-				reqs = append(reqs, d.reqs...)
+				batch = append(batch, &pending{ctx: ctx, reqs: d.reqs, done: make(chan batchReply, 1)})
 			}
-			b.send(batch, reqs)
+			srv.batch.send(batch)
 			for i, p := range batch {
-				require.NoError(t, <-p.done, tc.ids[i])
-				require.True(t, p.reqs[0].allowed, tc.ids[i])
-				require.Equal(t, int64(0), p.reqs[0].spans[0].seen[0], "%s was counted before", tc.ids[i])
+				r := <-p.done
+				require.NoError(t, r.err, tc.ids[i])
+				require.Len(t, r.replies, 1)
+				require.True(t, r.replies[0].allowed, tc.ids[i])
+				require.Equal(t, int64(0), r.replies[0].counts[0], "%s was counted before", tc.ids[i])
 			}
 			for _, id := range tc.ids {
 				res, err := l.Peek(ctx, id, limit)
 				require.NoError(t, err)
 				require.Equal(t, int64(1), res.Count, "%s counted once", id)
 			}
-			require.False(t, l.nodes.off.Load(), "a refused batch does not turn cluster batching off")
+			require.False(t, l.t.crossOff.Load(), "a refused batch does not turn cluster batching off")
 		})
 	}
 }

@@ -2,20 +2,25 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
 
 // decision is one call of AllowN, AllowAll, Peek or PeekAll on its way
-// through the Limiter: its limits placed on the clock, the requests it sends
-// (one for the enforced limits, one for each Shadow limit), and its results.
-// A decision of one limit keeps all of it in its own arrays: one allocation.
+// through the Limiter: its limits placed on the clock (spans), the requests
+// it sends (one for the enforced limits, one for each Shadow limit), their
+// replies, and its results. It belongs to its caller's goroutine: what goes
+// to Redis is only read by the transport, and replies come back by value. A
+// decision of one limit keeps all of it in its own arrays: one allocation.
 type decision struct {
 	limits  []Limit
 	results []Result
+	spans   []span // one per limit
 	reqs    []*request
-	cost    int64 // 0 for a look
-	allowed bool  // the one decision every Result reports
+	replies []reply // one per request, from Redis, the deny cache or FailLocal
+	cost    int64   // 0 for a look
+	allowed bool    // the one decision every Result reports
 	// refused has bit i set when limits[i] did not admit the request (or
 	// for a look, a cost of 1), whatever the decision: the limits a denial
 	// is owed to. MaxLimits bits fit.
@@ -28,10 +33,24 @@ type decision struct {
 
 	limitBuf  [1]Limit
 	resultBuf [1]Result
+	spanBuf   [1]span
 	reqBuf    [1]request
 	reqPtrBuf [1]*request
-	spanBuf   [1]span
+	replyBuf  [1]reply
+	argBuf    [1]limitArgs
 	keyBuf    [2]string
+}
+
+// span is one limit of a decision: where the clock stands in its windows,
+// which request carries it, and the counts that request's reply says the
+// script saw.
+type span struct {
+	at    int // index of the limit in the caller's list
+	limit Limit
+	pos   position
+	req   int // index in decision.reqs of the request that carries it
+	first int // index of its first key in that request's keys
+	seen  counts
 }
 
 // decision.refused has a bit for each of up to MaxLimits limits.
@@ -65,14 +84,17 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if l.observer != nil {
 		start = time.Now()
 	}
-	err := l.send(ctx, d.reqs)
-	for _, r := range d.reqs {
-		if err == nil {
-			err = r.err
+	err := l.t.do(ctx, d.reqs, d.replies)
+	if err == nil {
+		for _, r := range d.replies {
+			if r.err != nil {
+				err = r.err
+				break
+			}
 		}
 	}
 	var took time.Duration
-	if l.observer != nil && err != ErrCircuitOpen { // an open breaker makes no call
+	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
 		took = time.Since(start)
 	}
 	if err != nil {
@@ -83,30 +105,13 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		}
 		return l.fail(ctx, d, id, took, err)
 	}
+	d.absorb()
 	if l.denied != nil && !look {
 		l.denied.record(id, d)
 	}
 	d.deniedCounted = true
 	d.derive()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
-}
-
-// detach gives d requests of its own, with the limits and arguments of the
-// ones it sent but none of what a reply writes: a batch call that its
-// caller stopped waiting for may still decode a late reply into the old
-// ones, while the failure policy decides in these.
-func (d *decision) detach() {
-	reqs := make([]*request, len(d.reqs)) // the batch may still read the old slice too
-	for i, r := range d.reqs {
-		nr := &request{cost: r.cost, countDenied: r.countDenied, nlimits: r.nlimits, keys: r.keys,
-			spans: make([]span, len(r.spans))}
-		for j := range r.spans {
-			s := &r.spans[j]
-			nr.spans[j] = span{at: s.at, limit: s.limit, pos: s.pos, rate: s.rate, weight: s.weight, window: s.window, ttl: s.ttl}
-		}
-		reqs[i] = nr
-	}
-	d.reqs = reqs
 }
 
 // checkAll validates a decision's input before Redis is consulted.
@@ -137,29 +142,46 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 func (l *Limiter) build(d *decision, id string, now int64) {
 	if len(d.limits) == 1 {
 		s := &d.spanBuf[0]
-		*s = newSpan(0, d.limits[0], now)
+		*s = span{limit: d.limits[0], pos: locate(now, d.limits[0])}
+		d.spans = d.spanBuf[:1]
+		d.argBuf[0] = newLimitArgs(s.limit, s.pos)
 		r := &d.reqBuf[0]
-		*r = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, spans: d.spanBuf[:1]}
+		*r = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, limits: d.argBuf[:1]}
 		r.keys = l.appendKeys(d.keyBuf[:0], id, s.pos)
 		d.reqPtrBuf[0] = r
 		d.reqs = d.reqPtrBuf[:1]
+		d.replies = d.replyBuf[:1]
 		return
 	}
+	d.spans = make([]span, len(d.limits))
 	enforced := &request{cost: d.cost, countDenied: l.countDenied}
 	d.reqs = append(d.reqs[:0], enforced)
 	for i, limit := range d.limits {
-		r := enforced
+		r, at := enforced, 0
 		if limit.Shadow && d.cost > 0 {
-			r = &request{cost: d.cost, countDenied: l.countDenied}
+			r, at = &request{cost: d.cost, countDenied: l.countDenied}, len(d.reqs)
 			d.reqs = append(d.reqs, r)
 		}
-		s := newSpan(i, limit, now)
-		r.spans = append(r.spans, s)
+		s := &d.spans[i]
+		*s = span{at: i, limit: limit, pos: locate(now, limit), req: at, first: len(r.keys)}
+		r.limits = append(r.limits, newLimitArgs(limit, s.pos))
 		r.keys = l.appendKeys(r.keys, id, s.pos)
 		r.nlimits++
 	}
-	if len(enforced.spans) == 0 {
+	if len(enforced.limits) == 0 {
 		d.reqs = d.reqs[1:]
+		for i := range d.spans {
+			d.spans[i].req--
+		}
+	}
+	d.replies = make([]reply, len(d.reqs))
+}
+
+// absorb copies the counts of each request's reply into its spans.
+func (d *decision) absorb() {
+	for i := range d.spans {
+		s := &d.spans[i]
+		copy(s.seen[:s.pos.keys()], d.replies[s.req].counts[s.first:])
 	}
 }
 
@@ -174,29 +196,27 @@ func (d *decision) derive() {
 	look := d.cost == 0
 	n := max(d.cost, 1)
 	d.allowed, d.refused = true, 0
-	for _, r := range d.reqs {
-		for i := range r.spans {
-			s := &r.spans[i]
-			counted := r.allowed && !look
-			var added int64
-			if d.deniedCounted && !r.allowed && r.countDenied == 1 && !look {
-				if r.cost <= s.limit.Rate { // as the script adds
-					added = max(0, min(r.cost, s.limit.Rate-s.seen[0]))
-				}
-			}
-			res := s.result(n, counted, added)
-			fits := counted || s.pos.estimate(&s.seen)+n <= s.limit.Rate
-			if !fits {
-				d.refused |= 1 << s.at
-			}
-			ok := counted || look && fits
-			if s.limit.Shadow {
-				res.Shadowed = !ok
-			} else if !ok {
-				d.allowed = false
-			}
-			d.results[s.at] = res
+	for i := range d.spans {
+		s := &d.spans[i]
+		r := d.reqs[s.req]
+		allowed := d.replies[s.req].allowed
+		counted := allowed && !look
+		var added int64
+		if d.deniedCounted && !allowed && r.countDenied == 1 && !look && !d.never(s.req) {
+			added = max(0, min(r.cost, s.limit.Rate-s.seen[0])) // as the script adds
 		}
+		res := s.result(n, counted, added)
+		fits := counted || s.pos.estimate(&s.seen)+n <= s.limit.Rate
+		if !fits {
+			d.refused |= 1 << s.at
+		}
+		ok := counted || look && fits
+		if s.limit.Shadow {
+			res.Shadowed = !ok
+		} else if !ok {
+			d.allowed = false
+		}
+		d.results[s.at] = res
 	}
 	for i := range d.results {
 		r := &d.results[i]
@@ -205,6 +225,17 @@ func (d *decision) derive() {
 			r.RetryAfter = 0
 		}
 	}
+}
+
+// never reports whether some limit of request i can never admit its cost:
+// then a denial of it is counted nowhere, as the script does.
+func (d *decision) never(i int) bool {
+	for _, a := range d.reqs[i].limits {
+		if d.reqs[i].cost > a.rate {
+			return true
+		}
+	}
+	return false
 }
 
 // result derives the Result of one limit from the counts the script saw, for

@@ -31,10 +31,10 @@ func (c *denyCache) deny(id string, d *decision) bool {
 	if len(d.reqs) != 1 {
 		return false
 	}
-	r := d.reqs[0]
+	cost := d.reqs[0].cost
 	denied := false
-	for i := range r.spans {
-		s := &r.spans[i]
+	for i := range d.spans {
+		s := &d.spans[i]
 		if s.limit.Shadow {
 			return false
 		}
@@ -42,21 +42,21 @@ func (c *denyCache) deny(id string, d *decision) bool {
 		if !ok {
 			continue
 		}
-		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.limit.Rate-r.cost {
+		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.limit.Rate-cost {
 			denied = true
 		}
 	}
 	if !denied {
 		return false
 	}
-	for i := range r.spans {
-		s := &r.spans[i]
+	for i := range d.spans {
+		s := &d.spans[i]
 		s.seen = counts{}
 		if e, ok := c.table.get(id, s.pos); ok {
 			s.seen, _ = e.at(s.pos)
 		}
 	}
-	r.allowed = false
+	d.replies[0] = reply{}
 	return true
 }
 
@@ -66,17 +66,16 @@ func (c *denyCache) record(id string, d *decision) {
 	if len(id) > maxCachedID {
 		return
 	}
-	for _, r := range d.reqs {
-		for i := range r.spans {
-			s := &r.spans[i]
-			seen := s.seen
-			if r.allowed {
-				seen[0] += r.cost
-			}
-			c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
-				return windowEntry{i: s.pos.i, counts: seen}, cached || !r.allowed
-			})
+	for i := range d.spans {
+		s := &d.spans[i]
+		allowed := d.replies[s.req].allowed
+		seen := s.seen
+		if allowed {
+			seen[0] += d.reqs[s.req].cost
 		}
+		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
+			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed
+		})
 	}
 }
 

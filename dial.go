@@ -12,33 +12,44 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// dialErrors remembers the last error a client met when dialing Redis, so
-// that a decision which ran out of time can say why: go-redis retries a
-// refused dial in the background (DialerRetries, 5 by default) while the
-// command waits, and the command itself only sees its deadline.
+// dialErrors remembers the last error a client met when dialing each
+// Redis address, so that a decision which ran out of time can say why:
+// go-redis retries a refused dial in the background (DialerRetries, 5 by
+// default) while the command waits, and the command itself only sees its
+// deadline. An address's error is forgotten when a dial to it succeeds, so
+// that a server serving again is not blamed on its old outage; on a Cluster
+// a timeout quotes the dial errors of its own master only.
 //
 // One recorder serves every Limiter of a client: it is installed as a
 // go-redis dial hook once per client, and forgotten when the client is
 // garbage collected.
 type dialErrors struct {
-	last atomic.Pointer[dialError]
+	last   atomic.Pointer[dialError] // of any address
+	byAddr sync.Map                  // address -> *dialError
 }
 
 type dialError struct {
-	err error
-	at  time.Time
+	err  error
+	at   time.Time
+	addr string
 }
 
 // dialMemory is how long a dial error stays worth reporting.
 const dialMemory = 10 * time.Second
 
-// recent returns the last dial error if it is younger than dialMemory and no
-// dial has succeeded since.
-func (d *dialErrors) recent() error {
+// recent returns the last dial error to addr, or to any address for an
+// empty addr, if it is younger than dialMemory and no dial to that address
+// has succeeded since.
+func (d *dialErrors) recent(addr string) error {
 	if d == nil {
 		return nil
 	}
-	e := d.last.Load()
+	var e *dialError
+	if addr == "" {
+		e = d.last.Load()
+	} else if v, ok := d.byAddr.Load(addr); ok {
+		e = v.(*dialError)
+	}
 	if e == nil || time.Since(e.at) > dialMemory {
 		return nil
 	}
@@ -50,9 +61,16 @@ func (d *dialErrors) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := next(ctx, network, addr)
 		if err != nil {
-			d.last.Store(&dialError{err: err, at: time.Now()})
-		} else if d.last.Load() != nil {
-			d.last.Store(nil)
+			e := &dialError{err: err, at: time.Now(), addr: addr}
+			d.last.Store(e)
+			d.byAddr.Store(addr, e)
+			return conn, err
+		}
+		if _, ok := d.byAddr.Load(addr); ok {
+			d.byAddr.Delete(addr)
+		}
+		if e := d.last.Load(); e != nil && e.addr == addr {
+			d.last.CompareAndSwap(e, nil)
 		}
 		return conn, err
 	}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -18,7 +19,6 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 		d.allowed = false
 		err = fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, redisErr)
 	case FailLocal:
-		d.detach()
 		l.local.decide(id, d)
 	default:
 		d.allowed = true
@@ -52,6 +52,10 @@ type logHandler struct {
 func newLogHandler(now func() time.Time) *logHandler { return &logHandler{now: now} }
 
 func (h *logHandler) handle(ctx context.Context, _ string, err error) {
+	if errors.Is(err, ErrEvictionPolicy) { // once per server: never left out
+		slog.Default().WarnContext(ctx, "ratelimit: Redis may evict live counts", "error", err)
+		return
+	}
 	now := h.now().UnixNano()
 	next := h.next.Load()
 	if now < next || !h.next.CompareAndSwap(next, now+int64(logEvery)) {

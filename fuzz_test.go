@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,21 +111,23 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int64(-1), int64(math.MaxInt64), int64(math.MinInt64))
 	limit := Limit{Rate: math.MaxInt64 / 1000, Window: time.Second}
 	f.Fuzz(func(t *testing.T, flag, cur, prev int64) {
-		r := &request{cost: 1, nlimits: 1, keys: []string{"a", "b"}, spans: []span{newSpan(0, limit, 0)}}
-		err := decodeReply([]int64{flag, cur, prev}, []*request{r})
+		r := &request{cost: 1, nlimits: 1, keys: []string{"a", "b"}, limits: []limitArgs{newLimitArgs(limit, locate(0, limit))}}
+		out := make([]reply, 1)
+		err := decodeReply([]int64{flag, cur, prev}, []*request{r}, out)
 		if err != nil {
 			t.Fatalf("decodeReply of three values: %v", err)
 		}
+		rep := out[0]
 		valid := (flag == 0 || flag == 1) && cur >= 0 && prev >= 0 && (flag == 0 || cur <= limit.Rate-1-prev)
 		switch {
-		case valid && r.err != nil:
-			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, r.err)
-		case !valid && !errors.Is(r.err, ErrBadReply):
-			t.Fatalf("decode(%d, %d, %d) = %v, %v, %v; want ErrBadReply", flag, cur, prev, r.allowed, r.spans[0].seen, r.err)
-		case valid && (r.allowed != (flag == 1) || r.spans[0].seen != counts{cur, prev}):
-			t.Fatalf("decode(%d, %d, %d) = %v, %v", flag, cur, prev, r.allowed, r.spans[0].seen)
+		case valid && rep.err != nil:
+			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, rep.err)
+		case !valid && !errors.Is(rep.err, ErrBadReply):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v, %v; want ErrBadReply", flag, cur, prev, rep.allowed, rep.counts, rep.err)
+		case valid && (rep.allowed != (flag == 1) || !slices.Equal(rep.counts, []int64{cur, prev})):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v", flag, cur, prev, rep.allowed, rep.counts)
 		}
-		if err := decodeReply([]int64{flag, cur}, []*request{r}); !errors.Is(err, ErrBadReply) {
+		if err := decodeReply([]int64{flag, cur}, []*request{r}, out); !errors.Is(err, ErrBadReply) {
 			t.Fatalf("a reply of two values: %v, want ErrBadReply", err)
 		}
 	})

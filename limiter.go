@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,31 +121,25 @@ func better(r, b Result) bool {
 // application servers sharing one Redis (or Redis Cluster) share each limit
 // exactly. A Limiter is safe for simultaneous use by multiple goroutines.
 //
-// It needs no Close: it keeps no goroutine of its own. Two kinds of
-// goroutine can outlive a call for a while: with a client that ignores ctx
-// deadlines (go-redis's default), a call that timed out leaves the client's
-// goroutine waiting until the client's ReadTimeout; with batching, the
-// goroutine sending a batch ends when no request is waiting.
+// It needs no Close: it keeps no goroutine of its own. Some goroutines can
+// outlive a call for a while, and end by themselves: with a client that
+// ignores ctx deadlines (go-redis's default), a call that timed out leaves
+// the client's goroutine waiting until the client's ReadTimeout; with
+// batching, the goroutine sending a batch ends when no request is waiting;
+// and the first call to each server starts one that looks up its eviction
+// policy, within the Limiter's timeout.
 type Limiter struct {
-	client      redis.UniversalClient
 	keyPrefix   string // the prefix, escaped, then ":{"
 	now         func() time.Time
 	policy      FailurePolicy
 	onError     func(ctx context.Context, id string, err error)
-	timeout     time.Duration // 0 or less: none
-	shadow      bool          // WithShadow
-	countDenied int64         // 1 with WithCountDenied
-	observer    Observer      // nil: none
+	shadow      bool  // WithShadow
+	countDenied int64 // 1 with WithCountDenied
+	observer    Observer
 	observeIDs  bool
-	// ctxAware is true when the client itself stops at the ctx deadline
-	// (ContextTimeoutEnabled); otherwise the Limiter stops waiting for it.
-	ctxAware bool
-	denied   *denyCache    // nil unless WithDenyCache
-	batch    *batcher      // nil unless batching applies to a single-server client
-	nodes    *nodeBatchers // nil unless batching applies to a Cluster client
-	breaker  *breaker      // nil if WithCircuitBreaker turned it off
-	local    *localWindows // nil unless FailLocal
-	dials    *dialErrors   // the client's last dial error; nil for other clients
+	t           *transport    // nil for a nil client
+	denied      *denyCache    // nil unless WithDenyCache
+	local       *localWindows // nil unless FailLocal
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
 }
@@ -152,6 +147,7 @@ type Limiter struct {
 // New returns a Limiter that keeps its counts in client. Any
 // redis.UniversalClient works: a *redis.Client, a *redis.ClusterClient (all
 // keys of a decision share a hash slot), a *redis.Ring or a failover client.
+// With a nil client, of any type, every method returns ErrNilClient.
 func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {
@@ -160,16 +156,13 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		}
 	}
 	l := &Limiter{
-		client:     client,
 		keyPrefix:  keyPrefixFor(cfg.prefix),
 		now:        cfg.now,
 		policy:     cfg.policy,
 		onError:    cfg.onError,
-		timeout:    cfg.timeout,
 		shadow:     cfg.shadow,
 		observer:   cfg.observer,
 		observeIDs: cfg.observeIDs,
-		ctxAware:   honoursContext(client),
 		sleep:      sleepCtx,
 	}
 	if cfg.countDenied {
@@ -178,27 +171,29 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	if cfg.denyMax > 0 && !cfg.countDenied {
 		l.denied = newDenyCache(cfg.denyMax)
 	}
-	if cfg.batchMax > 1 {
-		switch c := client.(type) {
-		case *redis.Client:
-			l.batch = &batcher{l: l, maxBatch: cfg.batchMax, client: c}
-		case *redis.ClusterClient:
-			l.nodes = &nodeBatchers{cc: c, maxBatch: cfg.batchMax}
-		}
-	}
-	if cfg.breakerFailures > 0 {
-		l.breaker = newBreaker(cfg.breakerFailures, cfg.breakerCooldown, time.Now)
-	}
 	if cfg.policy == FailLocal {
 		l.local = newLocalWindows(cfg.replicas)
 	}
 	if l.onError == nil {
 		l.onError = newLogHandler(cfg.now).handle
 	}
-	if client != nil {
-		l.dials = dialRecorder(client)
+	if !isNil(client) {
+		l.t = newTransport(client, &cfg, func(err error) { l.onError(context.Background(), "", err) })
 	}
 	return l
+}
+
+// isNil reports whether client is nil, or a nil pointer of some client type.
+func isNil(client redis.UniversalClient) bool {
+	if client == nil {
+		return true
+	}
+	v := reflect.ValueOf(client)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Allow is shorthand for AllowN(ctx, id, limit, 1).
@@ -274,8 +269,8 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	}
 	pos := locate(l.now().UnixMilli(), limit)
 	keys := l.appendKeys(nil, id, pos)
-	_, err := bounded(ctx, l, func(ctx context.Context) (int64, error) {
-		return l.client.Del(ctx, keys...).Result()
+	_, err := run(ctx, l.t, func(ctx context.Context) (int64, error) {
+		return l.t.client.Del(ctx, keys...).Result()
 	})
 	if l.denied != nil {
 		l.denied.forget(id, pos)
@@ -288,8 +283,9 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 
 // Stats is a snapshot of a Limiter's local state, for metrics.
 type Stats struct {
-	// BreakerOpen reports that the circuit breaker is open or probing:
-	// decisions go to the failure policy without trying Redis.
+	// BreakerOpen reports that the circuit breaker of some server (on a
+	// Redis Cluster there is one per master) is open or probing: decisions
+	// for that server go to the failure policy without trying Redis.
 	BreakerOpen bool
 	// DenyCacheEntries is the number of clients the deny cache holds.
 	DenyCacheEntries int
@@ -298,8 +294,8 @@ type Stats struct {
 // Stats returns a snapshot of the Limiter's local state.
 func (l *Limiter) Stats() Stats {
 	var s Stats
-	if l.breaker != nil {
-		s.BreakerOpen = l.breaker.state.Load() != closed
+	if l.t != nil {
+		s.BreakerOpen = l.t.breakerOpen()
 	}
 	if l.denied != nil {
 		s.DenyCacheEntries = l.denied.table.size()
@@ -308,22 +304,8 @@ func (l *Limiter) Stats() Stats {
 }
 
 func (l *Limiter) check(id string, limit Limit, n int64) error {
-	if l.client == nil {
+	if l.t == nil {
 		return ErrNilClient
 	}
 	return validate(id, limit, n)
-}
-
-// honoursContext reports whether client stops waiting at its ctx deadline
-// by itself, so that the Limiter need not watch for it.
-func honoursContext(client redis.UniversalClient) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
 }

@@ -30,38 +30,39 @@ func (w *localWindows) share(limit Limit) Limit {
 }
 
 // decide decides d in this process, all or nothing, against each limit's
-// share: it fills d's results (Degraded is left to the caller) and
-// d.allowed. A Shadow limit is counted when its share alone admits the
+// share: it fills d's replies and results (Degraded is left to the caller)
+// and d.allowed. A Shadow limit is counted when its share alone admits the
 // request, and denies nothing. All of an id's windows sit in one shard of
 // the table, so the check and the counting are one step under its lock.
 func (w *localWindows) decide(id string, d *decision) {
 	key := w.key(id)
 	n := max(d.cost, 1) // a look is asked as for a cost of 1
+	for i := range d.replies {
+		d.replies[i] = reply{allowed: d.cost > 0}
+	}
 	shard := w.table.lock(key)
-	for _, r := range d.reqs {
-		r.allowed = d.cost > 0
-		for i := range r.spans {
-			s := &r.spans[i]
-			s.limit = w.share(s.limit)
-			s.seen = counts{}
-			if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
-				s.seen, _ = e.at(s.pos)
-			}
-			if s.pos.estimate(&s.seen)+n > s.limit.Rate {
-				r.allowed = false
-			}
+	for i := range d.spans {
+		s := &d.spans[i]
+		s.limit = w.share(s.limit)
+		s.seen = counts{}
+		if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
+			s.seen, _ = e.at(s.pos)
 		}
-		if !r.allowed {
-			continue
-		}
-		for i := range r.spans {
-			s := &r.spans[i]
-			c := s.seen
-			c[0] += n
-			shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
+		if s.pos.estimate(&s.seen)+n > s.limit.Rate {
+			d.replies[s.req].allowed = false
 		}
 	}
+	for i := range d.spans {
+		s := &d.spans[i]
+		if !d.replies[s.req].allowed {
+			continue
+		}
+		c := s.seen
+		c[0] += n
+		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
+	}
 	shard.mu.Unlock()
+	d.deniedCounted = false
 	d.derive()
 	for i := range d.results {
 		d.results[i].Limit = d.limits[i]

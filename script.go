@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // slidingWindowSource is the one script that decides. Only this file speaks
@@ -43,54 +46,70 @@ var (
 )
 
 // ErrBadReply is wrapped by the error returned when the script's reply does
-// not have the shape the Limiter expects, say because another program wrote
-// a value that is not a count under one of its keys.
+// not have the shape the Limiter expects, or when a key the request reads
+// holds something that is not a count: a value another program wrote, or a
+// key of another type. Such a request fails alone; the others of the same
+// call are decided as usual.
 var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
 
-// request is one request's part of a script call: a cost against one or more
-// limits, all of which must admit it. Its numbers are fields so that the
-// call's arguments can point to them rather than box copies.
+// request is what one request asks of the script: a cost against one or
+// more limits, all of which must admit it. It is only read once it is
+// handed to the transport, and a call's arguments point into it rather
+// than box copies of its numbers.
 type request struct {
 	cost        int64 // 0 looks without counting
 	countDenied int64 // 1: a denied request is counted too (WithCountDenied)
 	nlimits     int64
-	spans       []span
-	keys        []string // every span's keys, in order
-
-	allowed bool  // the script's decision, once decoded
-	err     error // set when the reply for this request is not a decision
-	probe   bool  // the circuit breaker's probe rides in this request
+	keys        []string    // every limit's keys, in order
+	limits      []limitArgs // one per limit
 }
 
-// span is one limit of one request: where the clock stands in its windows,
-// its arguments to the script, and the counts the script saw.
-type span struct {
-	at    int // index of the limit in the caller's list
-	limit Limit
-	pos   position
-	// The script's arguments: see sliding_window.lua.
+// limitArgs are one limit's arguments to the script: see
+// sliding_window.lua.
+type limitArgs struct {
 	rate, weight, window, ttl int64
-	seen                      counts
 }
 
-// newSpan places limit, at index at of the caller's list, at Unix ms now.
-func newSpan(at int, limit Limit, now int64) span {
-	p := locate(now, limit)
-	s := span{at: at, limit: limit, pos: p, rate: limit.Rate}
+// newLimitArgs returns the script's arguments for limit placed at p.
+func newLimitArgs(limit Limit, p position) limitArgs {
 	if p.subs == 0 {
-		s.weight, s.window, s.ttl = p.w-p.e, p.w, 2*p.w
-	} else {
-		// A sub-window is read until subs sub-windows after its own have
-		// passed; two more outlive that from any moment in it.
-		s.weight, s.window, s.ttl = p.subs+1, 0, (p.subs+2)*p.w
+		return limitArgs{rate: limit.Rate, weight: p.w - p.e, window: p.w, ttl: 2 * p.w}
 	}
-	return s
+	// A sub-window is read until subs sub-windows after its own have
+	// passed; two more outlive that from any moment in it.
+	return limitArgs{rate: limit.Rate, weight: p.subs + 1, window: 0, ttl: (p.subs + 2) * p.w}
+}
+
+// nkeys returns how many keys, and counts, the limit has.
+func (a *limitArgs) nkeys() int {
+	if a.window > 0 {
+		return 2
+	}
+	return int(a.weight)
+}
+
+// estimate returns the usage the script decides on for counts c of the
+// limit, current first.
+func (a *limitArgs) estimate(c []int64) int64 {
+	if a.window > 0 {
+		return window.Estimate(c[0], c[1], a.window, a.window-a.weight)
+	}
+	return window.StrictCount(c)
+}
+
+// reply is the script's answer to one request, decoded and checked. It is a
+// value of its own: nothing in it points into a request or a caller's
+// memory.
+type reply struct {
+	allowed bool
+	counts  []int64 // every limit's counts before the request, in key order
+	err     error   // not nil: the request was not decided (ErrBadReply)
 }
 
 // callArgs appends the EVALSHA command of sc for reqs to args: the
-// arguments point into reqs, which must not move until the call is done. The
-// first request's keys are declared as KEYS; with cross set (a batch on a
-// Cluster master, whose requests' keys are in several slots) the others go
+// arguments point into reqs, which must not change until the call is done.
+// The first request's keys are declared as KEYS; with cross set (a batch on
+// a Cluster master, whose requests' keys are in several slots) the others go
 // in ARGV, where Redis does not check that they share a slot.
 func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 	declared := 0
@@ -120,12 +139,18 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 	}
 	for _, r := range reqs {
 		args = append(args, &r.cost, &r.nlimits, &r.countDenied)
-		for i := range r.spans {
-			s := &r.spans[i]
-			args = append(args, &s.rate, &s.weight, &s.window, &s.ttl)
+		for i := range r.limits {
+			a := &r.limits[i]
+			args = append(args, &a.rate, &a.weight, &a.window, &a.ttl)
 		}
 	}
 	return args
+}
+
+// callSize returns what a request adds to a call: its keys, and its keys and
+// arguments together.
+func (r *request) callSize() (keys, values int) {
+	return len(r.keys), len(r.keys) + 3 + 4*len(r.limits)
 }
 
 // smallInts are the numbers a call's header most often holds, as command
@@ -147,10 +172,10 @@ func intArg(n int) any {
 }
 
 // decodeReply checks the script's reply to a call for reqs and stores each
-// request's decision and each span's counts. A reply of the wrong length
-// fails the whole call; a request whose counts are wrong fails alone, in
-// its err.
-func decodeReply(vals []int64, reqs []*request) error {
+// request's reply in out, which has one place per request. A reply of the
+// wrong length fails the whole call; a request whose counts are wrong fails
+// alone, in its reply's err. The counts of out point into vals.
+func decodeReply(vals []int64, reqs []*request, out []reply) error {
 	want := 0
 	for _, r := range reqs {
 		want += 1 + len(r.keys)
@@ -158,41 +183,41 @@ func decodeReply(vals []int64, reqs []*request) error {
 	if len(vals) != want {
 		return fmt.Errorf("%w: %d values for %d requests, want %d", ErrBadReply, len(vals), len(reqs), want)
 	}
-	for _, r := range reqs {
-		r.allowed, r.err = vals[0] == 1, nil
+	for i, r := range reqs {
+		rep := reply{allowed: vals[0] == 1, counts: vals[1 : 1+len(r.keys) : 1+len(r.keys)]}
 		if vals[0] != 0 && vals[0] != 1 {
-			r.err = fmt.Errorf("%w: allowed flag %d", ErrBadReply, vals[0])
+			rep.err = fmt.Errorf("%w: allowed flag %d", ErrBadReply, vals[0])
 		}
-		vals = vals[1:]
-		for i := range r.spans {
-			s := &r.spans[i]
-			n := s.pos.keys()
-			for k, c := range vals[:n] {
-				if c < 0 && r.err == nil {
-					r.err = fmt.Errorf("%w: a key of limit %v holds no count", ErrBadReply, s.limit)
+		vals = vals[1+len(r.keys):]
+		c := rep.counts
+		for j := range r.limits {
+			a := &r.limits[j]
+			n := a.nkeys()
+			for _, v := range c[:n] {
+				if v < 0 && rep.err == nil {
+					rep.err = fmt.Errorf("%w: a key of limit %v holds no count", ErrBadReply, a.limit())
 				}
-				s.seen[k] = c
 			}
-			vals = vals[n:]
-		}
-		if r.err == nil && r.allowed {
 			// The script allows only what fits; a reply that says
 			// otherwise was not written by it.
-			r.err = r.fits()
+			if rep.err == nil && rep.allowed && a.estimate(c[:n]) > a.rate-r.cost {
+				rep.err = fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, c[:n], a.rate)
+			}
+			c = c[n:]
 		}
+		out[i] = rep
 	}
 	return nil
 }
 
-// fits reports an error unless every span's counts admit the request's cost.
-func (r *request) fits() error {
-	for i := range r.spans {
-		s := &r.spans[i]
-		if s.pos.estimate(&s.seen) > s.limit.Rate-r.cost {
-			return fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, s.seen[:s.pos.keys()], s.limit.Rate)
-		}
+// limit returns the limit (Rate, Window and Strict) the arguments were made
+// from, for messages.
+func (a *limitArgs) limit() Limit {
+	if a.window > 0 {
+		return Limit{Rate: a.rate, Window: time.Duration(a.window) * time.Millisecond}
 	}
-	return nil
+	sub := a.ttl / (a.weight + 1) // see newLimitArgs
+	return Limit{Rate: a.rate, Window: time.Duration((a.weight-1)*sub) * time.Millisecond, Strict: true}
 }
 
 // noRetry marks the script's command as one go-redis must not send again
@@ -225,14 +250,27 @@ func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any) 
 	return cmd.Val(), nil
 }
 
+// errNoScripting says that the server does not run Lua scripts at all.
+var errNoScripting = errors.New("the server does not run Lua scripts (EVALSHA and EVAL are unknown commands), which every decision needs")
+
 // classify marks the errors of a reply that go-redis read but could not take
-// as an array of integers: a nil, a string, a status. They say the reply was
-// of the wrong shape; every other error (the server's, the network's, the
-// pool's) passes as it is.
+// as an array of integers (a nil, a string, a status: the reply was of the
+// wrong shape), and the error of a server without scripting; every other
+// error (the server's, the network's, the pool's) passes as it is.
 func classify(err error) error {
 	var numErr *strconv.NumError
-	if errors.Is(err, redis.Nil) || errors.As(err, &numErr) || strings.HasPrefix(err.Error(), "redis: can't parse") {
+	var redisErr redis.Error
+	switch {
+	case errors.Is(err, redis.Nil) || errors.As(err, &numErr) || strings.HasPrefix(err.Error(), "redis: can't parse"):
 		return fmt.Errorf("%w: %w", ErrBadReply, err)
+	case errors.As(err, &redisErr) && unknownScripting(strings.ToLower(redisErr.Error())):
+		return fmt.Errorf("%w: %w", errNoScripting, err)
 	}
 	return err
+}
+
+// unknownScripting reports whether a server's error message, in lower case,
+// says that it does not know EVALSHA or EVAL.
+func unknownScripting(msg string) bool {
+	return strings.Contains(msg, "unknown command") && (strings.Contains(msg, "'evalsha'") || strings.Contains(msg, "'eval'"))
 }

@@ -40,7 +40,8 @@ func TestLongIDs(t *testing.T) {
 	long := strings.Repeat("x", maxCachedID+1)
 	d := &decision{cost: 1, limits: []Limit{PerSecond(1)}}
 	(&Limiter{keyPrefix: keyPrefixFor("t")}).build(d, long, 0)
-	d.reqs[0].spans[0].seen = counts{5}
+	d.spans[0].seen = counts{5}
+	d.replies[0] = reply{}
 	c.record(long, d)
 	require.Zero(t, c.table.size())
 

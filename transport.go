@@ -1,0 +1,359 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// transport is the one way from a decision to Redis and back. It takes a
+// call's requests, which it only reads, and hands back each request's reply
+// by value, on the caller's goroutine. Per server (the one server of most
+// clients; each master of a Redis Cluster) it keeps a circuit breaker and a
+// batcher, so that a failure belongs to the server that failed. It bounds
+// every call by the Limiter's timeout, counted from the moment the decision
+// reached it, queue and call together, and sends nothing for a caller who
+// has left.
+type transport struct {
+	client   redis.UniversalClient
+	timeout  time.Duration // 0 or less: none
+	ctxAware bool          // the client stops at its ctx deadline by itself
+	maxBatch int           // requests per call; 1 or less: no batching
+	// breakerFailures consecutive failures open a server's breaker for
+	// breakerCooldown; 0 failures: no breaker.
+	breakerFailures int
+	breakerCooldown time.Duration
+	now             func() time.Time // the breakers' clock: real time
+	dials           *dialErrors      // the client's dial errors; nil for other clients
+	warn            func(error)      // reports what is wrong without failing a decision
+
+	one *server // every call, unless the client is a Cluster's
+
+	cluster    *redis.ClusterClient // nil unless the client is a Cluster's
+	servers    sync.Map             // a Cluster master's address -> *server
+	crossOff   atomic.Bool          // the masters cannot run cross-slot scripts
+	nextReload atomic.Int64         // Unix ns before which the slot map is not reloaded again
+}
+
+// server is one Redis server the transport sends calls to: the client's
+// only server, or one master of a Redis Cluster.
+type server struct {
+	name    string                // for errors: its address
+	client  redis.UniversalClient // a Cluster master's own client, where its batches go
+	breaker *breaker              // nil: none
+	batch   *batcher              // nil: each call alone
+	checked atomic.Bool           // its eviction policy was looked up
+}
+
+// Bounds of one script call. Redis's Lua unpacks at most about 8,000 values
+// at once (the script's MGET takes every key of the call), and a call runs
+// alone in Redis while it lasts; a call of maxCallKeys keys takes well under
+// a millisecond. maxCallValues bounds the command's length, keys and
+// arguments together.
+const (
+	maxCallKeys   = 1024
+	maxCallValues = 4096
+)
+
+// reloadEvery is how often, at most, a Cluster client is told to reload its
+// slot map while calls to one of its masters fail: often enough that the
+// slots of a failed master move to its promoted replica within a fraction
+// of a second of the promotion, seldom enough to cost the cluster nothing.
+const reloadEvery = 250 * time.Millisecond
+
+func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *transport {
+	t := &transport{
+		client:          client,
+		timeout:         cfg.timeout,
+		ctxAware:        honoursContext(client),
+		maxBatch:        cfg.batchMax,
+		breakerFailures: cfg.breakerFailures,
+		breakerCooldown: cfg.breakerCooldown,
+		now:             time.Now,
+		dials:           dialRecorder(client),
+		warn:            warn,
+	}
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		t.cluster = c
+	case *redis.Client:
+		t.one = t.newServer(serverName(c), c, t.maxBatch > 1, false)
+	default: // a Ring, or a client of the caller's: no batching
+		t.one = t.newServer("Redis", client, false, false)
+	}
+	return t
+}
+
+func (t *transport) newServer(name string, c redis.UniversalClient, batch, cross bool) *server {
+	s := &server{name: name, client: c}
+	if t.breakerFailures > 0 {
+		s.breaker = newBreaker(t.breakerFailures, t.breakerCooldown, t.now)
+	}
+	if batch {
+		s.batch = &batcher{t: t, srv: s, cross: cross, maxBatch: t.maxBatch, maxQueue: queuedCalls * t.maxBatch}
+	}
+	return s
+}
+
+// serverName names the server of a client in errors.
+func serverName(c *redis.Client) string {
+	if addr := c.Options().Addr; addr != "FailoverClient" {
+		return addr
+	}
+	return "Sentinel master"
+}
+
+// do sends one decision's requests, at once or in a batch with other
+// decisions', and stores each request's reply in out. The Limiter's timeout
+// counts from here.
+func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error {
+	if err := ctx.Err(); err != nil { // send nothing for a caller who is gone
+		return err
+	}
+	caller := ctx
+	ctx, cancel, ours := t.deadline(ctx)
+	defer cancel()
+	srv, err := t.serverFor(ctx, reqs[0].keys[0])
+	if err == nil {
+		if b := t.batcherOf(srv); b != nil {
+			err = b.decide(ctx, ours, reqs, out)
+		} else {
+			err = t.exchange(ctx, ours, srv, t.client, decider, reqs, out)
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	return t.explain(caller, ctx, ours, srv, err)
+}
+
+// serverFor returns the server that serves key: on a Cluster, its master as
+// the client's slot map has it now.
+func (t *transport) serverFor(ctx context.Context, key string) (*server, error) {
+	if t.cluster == nil {
+		return t.one, nil
+	}
+	node, err := t.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		t.reload()
+		return nil, err
+	}
+	addr := node.Options().Addr
+	if s, ok := t.servers.Load(addr); ok && s.(*server).client == node {
+		return s.(*server), nil
+	}
+	// A master not seen before, or one whose client go-redis made anew (the
+	// node left the slot map and came back): its own breaker and batcher.
+	s := t.newServer(addr, node, t.maxBatch > 1, true)
+	for {
+		old, loaded := t.servers.LoadOrStore(addr, s)
+		if !loaded {
+			return s, nil
+		}
+		if old.(*server).client == node {
+			return old.(*server), nil
+		}
+		if t.servers.CompareAndSwap(addr, old, s) {
+			return s, nil
+		}
+	}
+}
+
+// batcherOf returns the batcher of srv, or nil when its calls go alone.
+func (t *transport) batcherOf(srv *server) *batcher {
+	if srv.batch == nil || srv.batch.cross && t.crossOff.Load() {
+		return nil
+	}
+	return srv.batch
+}
+
+// exchange makes one script call of sc for reqs through c, as a call to
+// srv: srv's breaker is asked first and told how it went, one call, one
+// success or failure. ours says that ctx's deadline is the Limiter's
+// timeout, so that a call it ends is a Redis failure; a call ended by its
+// caller's own ctx says nothing of Redis.
+func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+	probe := false
+	if b := srv.breaker; b != nil {
+		ok, p := b.allow()
+		if !ok {
+			t.reload()
+			return ErrCircuitOpen
+		}
+		probe = p
+	}
+	err := t.call(ctx, c, sc, reqs, out)
+	left := err != nil && (errors.Is(ctx.Err(), context.Canceled) || expired(ctx) && !ours)
+	if b := srv.breaker; b != nil {
+		switch {
+		case left:
+			b.abandon(probe)
+		case err != nil && opensBreaker(err):
+			b.done(probe, err)
+		default: // Redis answered, even if with an error about one id's data
+			b.done(probe, nil)
+		}
+	}
+	if err != nil && !left && Unavailable(err) {
+		t.reload()
+	}
+	if err == nil && !srv.checked.Load() && srv.checked.CompareAndSwap(false, true) {
+		go t.checkEviction(srv)
+	}
+	return err
+}
+
+// call sends one script call of sc for reqs to c and decodes its reply into
+// out, on this goroutine: with a client that does not stop at ctx's
+// deadline itself, the call goes on in watch's goroutine after it, until
+// the client gives up, and its late reply is dropped there.
+func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+	run := func(ctx context.Context) ([]int64, error) {
+		var buf [24]any
+		return eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider))
+	}
+	var vals []int64
+	var err error
+	if t.ctxAware || ctx.Done() == nil {
+		vals, err = run(ctx)
+	} else {
+		vals, err = watch(ctx, run)
+	}
+	if err != nil {
+		return err
+	}
+	return decodeReply(vals, reqs, out)
+}
+
+// explain returns the error of a decision that Redis did not make, saying
+// what failed: the caller's own ctx error as it is when the caller left;
+// otherwise the server, and for a call the Limiter's timeout ended, that
+// timeout and the last dial error the client met on that server.
+func (t *transport) explain(caller, ctx context.Context, ours bool, srv *server, err error) error {
+	if expired(caller) {
+		return err
+	}
+	name := "Redis Cluster"
+	if srv != nil {
+		name = srv.name
+	}
+	if ours && expired(ctx) {
+		addr := ""
+		if t.cluster != nil {
+			addr = name
+		}
+		if dialErr := t.dials.recent(addr); dialErr != nil {
+			return fmt.Errorf("ratelimit: no reply within %v from %s: %w (last dial error: %w)", t.timeout, name, err, dialErr)
+		}
+		return fmt.Errorf("ratelimit: no reply within %v from %s: %w", t.timeout, name, err)
+	}
+	return fmt.Errorf("ratelimit: %s: %w", name, err)
+}
+
+// reload tells a Cluster client to reload its slot map, at most once every
+// reloadEvery: go-redis reloads it by itself only on MOVED and ASK, on a
+// retry (which the script never gets), and every minute, so that without
+// this the slots of a failed master would stay with it for up to a minute
+// after its replica took over.
+func (t *transport) reload() {
+	if t.cluster == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	next := t.nextReload.Load()
+	if now < next || !t.nextReload.CompareAndSwap(next, now+int64(reloadEvery)) {
+		return
+	}
+	t.cluster.ReloadState(context.Background())
+}
+
+// breakerOpen reports whether the breaker of any server is open or
+// probing.
+func (t *transport) breakerOpen() bool {
+	open := t.one != nil && t.one.breaker.isOpen()
+	t.servers.Range(func(_, s any) bool {
+		open = open || s.(*server).breaker.isOpen()
+		return !open
+	})
+	return open
+}
+
+// deadline returns ctx bounded by the Limiter's timeout, and whether that
+// timeout set its deadline; ctx itself when its own deadline comes first or
+// there is no timeout.
+func (t *transport) deadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	if t.timeout <= 0 {
+		return ctx, noCancel, false
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= t.timeout {
+		return ctx, noCancel, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	return ctx, cancel, true
+}
+
+func noCancel() {}
+
+// expired reports whether ctx is done or its deadline has passed: a client
+// that stops at the deadline itself (ContextTimeoutEnabled) can return, with
+// an i/o timeout, before ctx's own timer has fired.
+func expired(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// run runs fn, a command that is not a decision, within the Limiter's
+// deadline, on a client that may not watch ctx.
+func run[T any](ctx context.Context, t *transport, fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel, _ := t.deadline(ctx)
+	defer cancel()
+	if t.ctxAware || ctx.Done() == nil {
+		return fn(ctx)
+	}
+	return watch(ctx, fn)
+}
+
+// watch runs fn in a goroutine and returns when it does or when ctx is done,
+// whichever comes first: the client may not stop at ctx's deadline by
+// itself. In the second case fn goes on until the client's own timeouts end
+// it, and its result is dropped.
+func watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// honoursContext reports whether client stops waiting at its ctx deadline
+// by itself, so that the transport need not watch for it.
+func honoursContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
