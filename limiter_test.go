@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit"
@@ -523,11 +524,30 @@ func testKeysExpire(t *testing.T, e env) {
 	require.LessOrEqual(t, ttl, 120*time.Second)
 }
 
+// A nil client of any type, a typed nil pointer included, makes a Limiter
+// whose every method says so: New does not panic on it.
 func TestNilClient(t *testing.T) {
-	l := ratelimit.New(nil)
-	_, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(1))
-	require.ErrorIs(t, err, ratelimit.ErrNilClient)
-	require.ErrorIs(t, l.Reset(context.Background(), "id", ratelimit.PerSecond(1)), ratelimit.ErrNilClient)
+	ctx := context.Background()
+	limit := ratelimit.PerSecond(1)
+	for name, client := range map[string]redis.UniversalClient{
+		"nil":                      nil,
+		"nil *redis.Client":        (*redis.Client)(nil),
+		"nil *redis.ClusterClient": (*redis.ClusterClient)(nil),
+		"nil *redis.Ring":          (*redis.Ring)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := ratelimit.New(client, ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithDenyCache(10))
+			_, err := l.Allow(ctx, "id", limit)
+			require.ErrorIs(t, err, ratelimit.ErrNilClient)
+			_, err = l.AllowAll(ctx, "id", []ratelimit.Limit{limit}, 1)
+			require.ErrorIs(t, err, ratelimit.ErrNilClient)
+			_, err = l.Peek(ctx, "id", limit)
+			require.ErrorIs(t, err, ratelimit.ErrNilClient)
+			require.ErrorIs(t, l.Wait(ctx, "id", limit), ratelimit.ErrNilClient)
+			require.ErrorIs(t, l.Reset(ctx, "id", limit), ratelimit.ErrNilClient)
+			require.Equal(t, ratelimit.Stats{}, l.Stats())
+		})
+	}
 }
 
 func TestLimitConstructors(t *testing.T) {
