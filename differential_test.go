@@ -129,15 +129,18 @@ func (m *model) waitFor(id string, limit ratelimit.Limit, t, target int64) time.
 // Shadow limit counts the request when it alone admits it and denies
 // nothing. A denied request (of the enforced limits, or a Shadow limit's
 // own) is counted under WithCountDenied up to each limit's Rate in its
-// current count. Each Result is derived from the counts after the decision.
+// current count, unless one of the limits that decided it can never admit
+// the cost: such a request is counted nowhere. Each Result is derived from
+// the counts after the decision.
 func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []ratelimit.Result {
 	fits := make([]bool, len(limits))
-	allowed := true
+	allowed, never := true, false // never: an enforced limit's rate is below n
 	for i, limit := range limits {
 		fits[i] = m.estimate(id, limit, t)+n <= limit.Rate
 		if !limit.Shadow && !fits[i] {
 			allowed = false
 		}
+		never = never || !limit.Shadow && n > limit.Rate
 	}
 	counted := make([]bool, len(limits))
 	for i, limit := range limits {
@@ -146,7 +149,7 @@ func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []rate
 		switch {
 		case counted[i]:
 			m.counts[k] += n
-		case m.countDenied && n <= limit.Rate: // a cost that can never pass is not counted
+		case m.countDenied && n <= limit.Rate && (limit.Shadow || !never): // a cost that can never pass is not counted
 			m.counts[k] += max(0, min(n, limit.Rate-m.counts[k]))
 		}
 	}
