@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,11 @@ const (
 // avoid that: if the local clock is ahead of Redis and Now was called, Now
 // holds until Redis's time catches up with what it returned. After a failed
 // sync it goes on extrapolating from the last good sample, and the
-// background goroutine retries within a second. With a Redis Cluster each
+// background goroutine retries within a second. The errors of failed
+// background syncs go to the function WithSyncErrorHandler sets; by default
+// they are logged through log/slog, a line every 10 seconds at most, so that
+// a clock that cannot read TIME (a Redis ACL user without +time, say) does
+// not quietly follow the local clock for ever. With a Redis Cluster each
 // sync asks some node; the nodes' own clocks should agree (NTP) to well
 // within a window.
 //
@@ -69,6 +74,10 @@ type RedisClock struct {
 	local    func() time.Time
 	interval time.Duration // <= 0: no background loop
 	ctxAware bool          // the client stops at the ctx deadline by itself
+
+	// onError gets the errors of the background loop's syncs; Sync's callers
+	// get their own.
+	onError func(ctx context.Context, err error)
 
 	sample atomic.Pointer[clockSample] // nil until the first successful sync
 	last   atomic.Int64                // Unix ns of the latest time Now returned
@@ -98,6 +107,7 @@ func (f clockOptionFunc) apply(c *redisClockConfig) { f(c) }
 type redisClockConfig struct {
 	interval time.Duration
 	local    func() time.Time
+	onError  func(ctx context.Context, err error) // nil: log
 }
 
 // WithSyncInterval sets how often the background goroutine asks Redis for
@@ -121,6 +131,19 @@ func WithLocalClock(now func() time.Time) RedisClockOption {
 	})
 }
 
+// WithSyncErrorHandler sets the function called with the error of every
+// background sync that fails, so that a clock that cannot read Redis's time
+// (Redis is down, or a Redis ACL user lacks +time) is seen to fall back on
+// the local clock. Calls to Sync return their error instead and do not reach
+// fn; nor does a sync that Close cut short. fn runs on the clock's goroutine,
+// which waits for it before the next sync and which Close waits for, so it
+// should be quick; its ctx is done once Close is called. The default logs
+// through log/slog's default logger at Warn level, at most one line every 10
+// seconds, counting the errors it left out. A nil fn restores the default.
+func WithSyncErrorHandler(fn func(ctx context.Context, err error)) RedisClockOption {
+	return clockOptionFunc(func(c *redisClockConfig) { c.onError = fn })
+}
+
 // NewRedisClock returns a RedisClock that follows client's TIME, and starts
 // one goroutine that syncs at once and then every sync interval until Close.
 // With a nil client it starts none, Now reads the local clock, and Sync
@@ -136,7 +159,11 @@ func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *Redi
 		client:   client,
 		local:    cfg.local,
 		interval: cfg.interval,
+		onError:  cfg.onError,
 		done:     make(chan struct{}),
+	}
+	if c.onError == nil {
+		c.onError = (&syncLog{clock: c}).handle
 	}
 	if client != nil {
 		c.ctxAware = honoursContext(client)
@@ -246,7 +273,46 @@ func (c *RedisClock) loop(ctx context.Context) {
 		wait := c.interval
 		if err := c.Sync(ctx); err != nil {
 			wait = min(wait, syncRetry)
+			if ctx.Err() == nil { // else Close cut it short: no failure of Redis's
+				c.onError(ctx, err)
+			}
 		}
 		timer.Reset(wait)
 	}
+}
+
+// syncLog is a RedisClock's default sync error handler. Like the Limiter's
+// (logHandler) it logs at most once every logEvery, counting the errors it
+// left out, so that a Redis that stays unreadable gives a line every 10
+// seconds rather than one per retry; logHandler itself would say the failure
+// policy decided, which is not what happened. Only the clock's goroutine
+// calls it, so it needs no atomics.
+//
+// It paces itself by the clock's local clock rather than by time.Now: a test
+// that injects a fake local clock then decides when 10 seconds have passed
+// instead of waiting for them, and with the default local clock, time.Now,
+// the two are the same, monotonic reading and all, so steps of the wall
+// clock neither silence it nor make it chatty. (A local clock without a
+// monotonic reading that is stepped back silences it for the step.)
+type syncLog struct {
+	clock   *RedisClock
+	next    time.Time // nothing is logged before it
+	dropped int       // errors not logged since the last line
+}
+
+func (h *syncLog) handle(ctx context.Context, err error) {
+	now := h.clock.local()
+	if now.Before(h.next) {
+		h.dropped++
+		return
+	}
+	h.next = now.Add(logEvery)
+	msg := "ratelimit: redis clock: sync failed; Now extrapolates from the last sample with the local clock" +
+		" (a Redis ACL user needs the TIME command: +time)"
+	if h.clock.sample.Load() == nil {
+		msg = "ratelimit: redis clock: sync failed; Now reads the local clock, as the clock has never synced" +
+			" (a Redis ACL user needs the TIME command: +time)"
+	}
+	slog.Default().WarnContext(ctx, msg, "error", err, "errors_not_logged", h.dropped)
+	h.dropped = 0
 }

@@ -1,10 +1,16 @@
 package ratelimit_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,12 +229,17 @@ func TestRedisClockClose(t *testing.T) {
 }
 
 // Close does not wait for a sync that hangs: the goroutine returns at once.
+// The sync it cuts short is no failure of Redis's, and reaches no handler.
 func TestRedisClockCloseWhileHung(t *testing.T) {
 	started := make(chan struct{})
 	var once sync.Once
 	client := newClient(t, &redis.Options{Addr: redistest.Silent(t), MaxRetries: -1, ReadTimeout: time.Minute})
 	client.AddHook(onCommand("time", func() { once.Do(func() { close(started) }) }, nil))
-	rc := ratelimit.NewRedisClock(client)
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncErrorHandler(func(_ context.Context, err error) {
+		if errors.Is(err, context.Canceled) {
+			t.Errorf("the sync Close cut short reached the handler: %v", err)
+		}
+	}))
 	<-started
 
 	closed := make(chan struct{})
@@ -271,6 +282,197 @@ func TestRedisClockRetriesSoon(t *testing.T) {
 	defer mr.Close()
 	require.Eventually(t, func() bool { return rc.Now().Sub(redisT) == 0 }, 10*time.Second, 10*time.Millisecond,
 		"a failed sync is retried long before the hour's interval")
+}
+
+// Every background sync that fails hands its error to the handler; a Sync
+// call's error goes to its caller only.
+func TestRedisClockSyncErrorHandler(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetError("NOPERM this user has no permissions to run the 'time' command")
+	client := newClient(t, &redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	errs := make(chan error)
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(time.Millisecond),
+		ratelimit.WithSyncErrorHandler(func(ctx context.Context, err error) {
+			select {
+			case errs <- err:
+			case <-ctx.Done(): // Close: the test has stopped listening
+			}
+		}))
+	defer rc.Close()
+	for i := range 3 { // the first sync, at once, then retries
+		select {
+		case err := <-errs:
+			require.ErrorContains(t, err, "ratelimit: redis clock: TIME: NOPERM this user has no permissions to run the 'time' command")
+			var redisErr redis.Error
+			require.ErrorAs(t, err, &redisErr, "Redis's reply is wrapped")
+		case <-time.After(10 * time.Second): // bounds the wait for a goroutine
+			t.Fatalf("background sync %d: no error reached the handler", i+1)
+		}
+	}
+
+	called := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0),
+		ratelimit.WithSyncErrorHandler(func(_ context.Context, err error) {
+			t.Errorf("a Sync call's error reached the handler: %v", err)
+		}))
+	defer called.Close()
+	require.ErrorContains(t, called.Sync(t.Context()), "NOPERM")
+}
+
+// Under a Redis ACL user allowed the Limiter's commands but not TIME, the
+// background sync's NOPERM reaches the handler; a user with those rules and
+// +time syncs. go-redis needs no more to connect: HELLO runs under any ACL,
+// and it ignores the errors of the CLIENT MAINT_NOTIFICATIONS and CLIENT
+// SETINFO it sends next, so neither +hello nor +client is in the rules.
+func TestRedisClockRealServerACL(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	user := func(name string, rules ...string) *redis.Client {
+		args := []any{"ACL", "SETUSER", name, "reset", "on", ">secret",
+			"~ratelimit:*", "-@all", "+evalsha", "+eval", "+script|load", "+mget", "+get", "+set", "+incrby", "+del"}
+		for _, r := range rules {
+			args = append(args, r)
+		}
+		require.NoError(t, admin.Do(t.Context(), args...).Err())
+		return newClient(t, &redis.Options{Addr: srv.Addr, Username: name, Password: "secret", MaxRetries: -1})
+	}
+
+	limiterOnly := user("limiter")
+	res, err := ratelimit.New(limiterOnly).Allow(t.Context(), "acl", ratelimit.PerMinute(10))
+	require.NoError(t, err)
+	require.False(t, res.Degraded, "the rules allow the Limiter's commands")
+
+	errs := make(chan error, 1)
+	rc := ratelimit.NewRedisClock(limiterOnly, ratelimit.WithSyncInterval(time.Hour),
+		ratelimit.WithSyncErrorHandler(func(_ context.Context, err error) {
+			select {
+			case errs <- err:
+			default: // a retry's, while the test checks the first
+			}
+		}))
+	defer rc.Close()
+	select {
+	case err := <-errs:
+		require.ErrorContains(t, err, "NOPERM")
+		require.ErrorContains(t, err, "'time' command")
+		var redisErr redis.Error
+		require.ErrorAs(t, err, &redisErr, "Redis's reply is wrapped")
+	case <-time.After(10 * time.Second): // bounds the wait for a goroutine
+		t.Fatal("the background sync's NOPERM did not reach the handler")
+	}
+
+	withTime := user("limiter-and-clock", "+time")
+	synced := ratelimit.NewRedisClock(withTime, ratelimit.WithSyncInterval(0))
+	defer synced.Close()
+	require.NoError(t, synced.Sync(t.Context()))
+}
+
+// The default handler logs a failing sync once, then at most one line every
+// 10 seconds of the clock's local clock, counting the errors it left out, and
+// says what Now does meanwhile.
+func TestRedisClockSyncErrorsLogged(t *testing.T) {
+	logs := captureLog(t)
+	mr := miniredis.RunT(t)
+	mr.SetError("ERR no time today")
+	client := newClient(t, &redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	var fails, oks atomic.Int64
+	client.AddHook(onCommand("time", nil, func(err error) {
+		if err != nil {
+			fails.Add(1)
+		} else {
+			oks.Add(1)
+		}
+	}))
+	local := clock.NewFake(redisT)
+	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(time.Millisecond),
+		ratelimit.WithLocalClock(local.Now),
+		ratelimit.WithSyncErrorHandler(func(context.Context, error) { t.Error("the handler that nil replaced was called") }),
+		ratelimit.WithSyncErrorHandler(nil))
+	defer rc.Close()
+	// These wait for the clock's goroutine, which retries every millisecond;
+	// the local clock, by which it paces its lines, moves only when told to.
+	waitFor := func(cond func() bool, msg string) {
+		t.Helper()
+		require.Eventually(t, cond, 10*time.Second, time.Millisecond, msg)
+	}
+	lines := func(n int) func() bool { return func() bool { return len(logs.lines()) >= n } }
+
+	waitFor(func() bool { return fails.Load() >= 10 }, "ten syncs failed")
+	got := logs.lines()
+	require.Len(t, got, 1, "one line for ten failures")
+	require.Contains(t, got[0], "level=WARN")
+	require.Contains(t, got[0], "Now reads the local clock, as the clock has never synced")
+	require.Contains(t, got[0], "a Redis ACL user needs the TIME command: +time")
+	require.Contains(t, got[0], `error="ratelimit: redis clock: TIME: ERR no time today"`)
+	require.Contains(t, got[0], "errors_not_logged=0")
+
+	local.Add(logEvery - time.Millisecond)
+	before := fails.Load()
+	waitFor(func() bool { return fails.Load() >= before+10 }, "ten more syncs failed")
+	require.Len(t, logs.lines(), 1, "a second line before 10 seconds passed")
+
+	local.Add(time.Millisecond)
+	waitFor(lines(2), "a second line once 10 seconds passed")
+	require.GreaterOrEqual(t, notLogged(t, logs.lines()[1]), int64(18), "the failures between the lines")
+
+	// Once it has synced, a failure leaves it extrapolating.
+	mr.SetError("")
+	waitFor(func() bool { return oks.Load() > 0 }, "a sync succeeded")
+	mr.SetError("ERR no time today")
+	local.Add(logEvery)
+	waitFor(lines(3), "a third line once 10 more seconds passed")
+	require.Contains(t, logs.lines()[2], "Now extrapolates from the last sample with the local clock")
+
+}
+
+// logEvery is how often, at most, the default handlers log.
+const logEvery = 10 * time.Second
+
+// notLogged returns the errors_not_logged count of a log line.
+func notLogged(t *testing.T, line string) int64 {
+	t.Helper()
+	_, rest, ok := strings.Cut(line, "errors_not_logged=")
+	require.True(t, ok, line)
+	n, err := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+	require.NoError(t, err, line)
+	return n
+}
+
+// lockedLog collects what slog's default logger writes, for a test that
+// reads it while another goroutine logs.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// lines returns the RedisClock's lines so far: another test's leftover
+// goroutine may log something else.
+func (l *lockedLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for line := range strings.Lines(l.buf.String()) {
+		if strings.Contains(line, "ratelimit: redis clock") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// captureLog makes slog's default logger write text into a lockedLog until
+// t ends. Close the clocks that log before then: cleanups run after the
+// test's defers.
+func captureLog(t *testing.T) *lockedLog {
+	l := new(lockedLog)
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(l, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	return l
 }
 
 // Against a real redis-server, on this machine's clock: a local clock a
