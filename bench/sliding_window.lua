@@ -22,7 +22,13 @@
 --   KEYS, then the keys in ARGV: per request, per limit, its keys in that
 --     order.
 -- Reply: per request, 1 if allowed else 0, then per limit its keys' counts
---   as they were before the request; -1 for a value that is not a count.
+--   as they were before the request; -1 for a key that holds no count.
+--
+-- A key holds a count when it is absent (0) or a string INCRBY takes that
+-- is a decimal integer in [0, 2^53]. Anything else (another program's value,
+-- a key of another type) fails the request that reads it alone: it is
+-- denied, nothing of it is written, and its reply says -1 for that key, so
+-- that one foreign key decides no other request of the call.
 --
 -- A sliding limit admits a request when
 --   current + floor(previous * left / window) + cost <= rate.
@@ -31,6 +37,25 @@
 -- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
 -- of a key that exists; a new key is SET with its TTL, which outlives every
 -- window that reads it. Redis expires keys as of the script's start.
+--
+-- Denied under count-denied, each limit's current key grows by the cost up
+-- to its rate; a request that some limit can never admit (its cost is above
+-- that rate) is counted nowhere: it is a mistake, not a client to slow down.
+
+-- count returns the count a stored string holds, or nil if it holds none.
+-- 2^53 has 16 digits: a longer string is more, and one of 16 digits is
+-- compared as a string, since its double may have been rounded down to it.
+local function count(v)
+  if v == '0' then return 0 end
+  local n = #v
+  if (n < 16 or n == 16 and v <= '9007199254740992') and string.find(v, '^[1-9]%d*$') then
+    return tonumber(v)
+  end
+  return nil
+end
+
+-- got[i] is keys[i]'s value: a string, false when the key is absent or of
+-- another type (MGET cannot tell), or true when it is of another type.
 local keys, got, arg = KEYS, nil, 3
 if ARGV[2] == '0' then
   got = redis.call('MGET', unpack(KEYS))
@@ -38,7 +63,14 @@ else
   keys, got = {}, {}
   for i = 1, #KEYS do keys[i] = KEYS[i] end
   for i = 1, tonumber(ARGV[2]) do keys[#keys + 1] = ARGV[2 + i] end
-  for i = 1, #keys do got[i] = redis.call('GET', keys[i]) end
+  for i = 1, #keys do
+    local v = redis.pcall('GET', keys[i])
+    if type(v) == 'table' and v.err then
+      if string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then return v end
+      v = true
+    end
+    got[i] = v
+  end
   arg = 3 + tonumber(ARGV[2])
 end
 -- counts written by earlier requests of this call, by key
@@ -53,20 +85,33 @@ for _ = 1, tonumber(ARGV[1]) do
   local allowed = cost > 0
   reply[flag] = 0
   local k, a = key, arg + 3
-  local bad = false
+  local bad, never = false, false
+  local absent = nil -- keys read as absent, which may be of another type
   for _ = 1, limits do
     local rate, weight, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local nkeys = window > 0 and 2 or weight
     local usage = 0
     for j = k, k + nkeys - 1 do
-      local count = written and written[keys[j]] or tonumber(got[j] or 0)
-      if not count or count < 0 or count % 1 ~= 0 then
-        -- not a count: this request is denied, unwritten, and reported
-        -- with -1, so that one bad value fails no other request
-        count, bad = -1, true
+      local c = written and written[keys[j]]
+      if not c then
+        local v = got[j]
+        if v == true then
+          c = nil
+        elseif v then
+          c = count(v)
+        else
+          c = 0
+          if ARGV[2] == '0' then
+            absent = absent or {}
+            absent[#absent + 1] = keys[j]
+          end
+        end
       end
-      reply[#reply + 1] = count
-      usage = usage + count
+      if not c then
+        c, bad = -1, true
+      end
+      reply[#reply + 1] = c
+      usage = usage + c
     end
     if window > 0 then
       local prev = reply[#reply]
@@ -75,14 +120,27 @@ for _ = 1, tonumber(ARGV[1]) do
     if usage + cost > rate then
       allowed = false
     end
+    if cost > rate then never = true end
     k, a = k + nkeys, a + 4
   end
+  if absent and not bad then
+    -- MGET reads a key of another type as absent: one that exists is
+    -- foreign, and would be overwritten by SET
+    if redis.call('EXISTS', unpack(absent)) > 0 then
+      bad = true
+      local r = flag + 1
+      for j = key, k - 1 do
+        if not (written and written[keys[j]]) and not got[j] and redis.call('EXISTS', keys[j]) == 1 then
+          reply[r] = -1
+        end
+        r = r + 1
+      end
+    end
+  end
   if bad then allowed = false end
-  if allowed or (count_denied and cost > 0 and not bad) then
+  if allowed or (count_denied and cost > 0 and not bad and not never) then
     -- allowed: every limit counts the cost; denied and counting denials:
-    -- every limit counts it up to its rate, unless the cost is above the
-    -- rate (a request that can never pass is a mistake, not a client to
-    -- slow down)
+    -- every limit counts it up to its rate
     local r = flag + 1
     k, a = key, arg + 3
     for _ = 1, limits do
@@ -90,8 +148,7 @@ for _ = 1, tonumber(ARGV[1]) do
       local nkeys = window > 0 and 2 or tonumber(ARGV[a + 1])
       local cur, add, add_arg = reply[r], cost, ARGV[arg]
       if not allowed then
-        local rate = tonumber(ARGV[a])
-        add = cost <= rate and math.max(0, math.min(cost, rate - cur)) or 0
+        add = math.max(0, math.min(cost, tonumber(ARGV[a]) - cur))
         add_arg = string.format('%d', add)
       end
       if add > 0 then
