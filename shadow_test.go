@@ -376,6 +376,41 @@ func TestCountDeniedResults(t *testing.T) {
 	require.Equal(t, int64(3), e.get(t, "all", time.Second, e.windowIndex(time.Second)))
 }
 
+// Under WithCountDenied, a request that one limit can never admit (its cost
+// is above that limit's Rate) is counted under none: not under the limit
+// that can never pass it, and not under the others either. A client that
+// retries such a 429 must not burn its hourly quota for nothing.
+func TestCountDeniedNeverCountsAnImpossibleRequest(t *testing.T) {
+	for _, b := range singleServers(t) {
+		t.Run(b.name, func(t *testing.T) {
+			e := b.mk(t)
+			ctx := context.Background()
+			l := e.limiter(ratelimit.WithCountDenied(true))
+			burst, hourly := ratelimit.Limit{Rate: 3, Window: 10 * time.Minute}, ratelimit.PerHour(100)
+			plan := []ratelimit.Limit{burst, hourly}
+			res, err := l.AllowAll(ctx, "id", plan, 1)
+			require.NoError(t, err)
+			require.True(t, res[0].Allowed)
+			for range 3 {
+				res, err = l.AllowAll(ctx, "id", plan, 5)
+				require.NoError(t, err)
+				require.False(t, res[0].Allowed)
+				require.Equal(t, ratelimit.InfDuration, res[0].RetryAfter)
+				require.Equal(t, []int64{1, 1}, counts(res), "the Results describe what was counted: nothing")
+			}
+			require.Equal(t, int64(1), e.get(t, "id", time.Hour, e.windowIndex(time.Hour)), "the hourly count")
+			require.Equal(t, int64(1), e.get(t, "id", 10*time.Minute, e.windowIndex(10*time.Minute)))
+
+			// A cost the limits can pass but not now is counted, each up to
+			// its Rate, as before.
+			res, err = l.AllowAll(ctx, "id", plan, 3)
+			require.NoError(t, err)
+			require.False(t, res[0].Allowed)
+			require.Equal(t, []int64{3, 4}, counts(res))
+		})
+	}
+}
+
 // A client sending 20 a second against 10 a second: without
 // WithCountDenied it gets about 10 a second through, each time the estimate
 // dips; with it, after its first 10 it stays blocked while it keeps up the

@@ -1,0 +1,110 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// callSizes is a go-redis hook that records, for each script call, how
+// many keys it carried, its length, and how many requests; a call that
+// the server refused with NOSCRIPT, and that goes again as EVAL, once.
+type callSizes struct {
+	mu                 sync.Mutex
+	keys, values, reqs []int
+}
+
+func (h *callSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *callSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			args := cmd.Args() // EVALSHA sha numkeys key... requests extra ...: see callArgs
+			nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+			nreqs, _ := strconv.Atoi(fmt.Sprint(args[3+nkeys]))
+			extra, _ := strconv.Atoi(fmt.Sprint(args[4+nkeys]))
+			h.mu.Lock()
+			h.keys = append(h.keys, nkeys+extra)
+			h.values = append(h.values, len(args)-3)
+			h.reqs = append(h.reqs, nreqs)
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (h *callSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// No call exceeds what Redis's Lua can take: 3,000 concurrent AllowAll
+// calls of MaxLimits strict limits (176 keys each) on distinct ids are all
+// decided by Redis, in batched calls that each hold at most maxCallKeys
+// keys and maxCallValues values. Before calls were bounded by keys, 64
+// such requests made a call of 11,264 keys, and Redis failed it with "too
+// many results to unpack".
+func TestLargeBatchesFitOneCall(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 8})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := &callSizes{}
+	client.AddHook(hook)
+	l := New(client, WithTimeout(time.Minute), WithFailurePolicy(FailClosed), WithPrefix(t.Name()))
+	plan := make([]Limit, MaxLimits)
+	for i := range plan {
+		plan[i] = Limit{Rate: 10, Window: time.Duration(i+1) * time.Second, Strict: true}
+	}
+	const callers = 3000
+	var wg sync.WaitGroup
+	var failed sync.Map
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			res, err := l.AllowAll(context.Background(), fmt.Sprint("id-", i), plan, 1)
+			if err != nil || res[0].Degraded || !res[0].Allowed {
+				failed.Store(i, fmt.Sprintf("%+v, %v", res[0], err))
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	failed.Range(func(k, v any) bool {
+		t.Errorf("caller %v: %v", k, v)
+		return false
+	})
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	most, total := 0, 0
+	for i, keys := range hook.keys {
+		require.LessOrEqual(t, keys, maxCallKeys, "call %d", i)
+		require.LessOrEqual(t, hook.values[i], maxCallValues, "call %d", i)
+		most, total = max(most, hook.reqs[i]), total+hook.reqs[i]
+	}
+	require.Equal(t, callers, total, "every request went to Redis once")
+	require.Greater(t, most, 1, "requests were batched")
+	t.Logf("%d callers in %d calls, at most %d requests a call", callers, len(hook.keys), most)
+}
+
+// A server that does not run Lua scripts gives an error that says so.
+func TestServerWithoutScripting(t *testing.T) {
+	addr := redistest.Fake(t, map[string]string{"ping": "+PONG\r\n"}) // every other command is unknown
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, Protocol: 2})
+	t.Cleanup(func() { _ = client.Close() })
+	l := New(client, WithFailurePolicy(FailClosed), WithTimeout(time.Minute), WithErrorHandler(func(context.Context, string, error) {}))
+	_, err := l.Allow(context.Background(), "id", PerSecond(1))
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, errNoScripting)
+	require.ErrorContains(t, err, "does not run Lua scripts")
+	require.ErrorContains(t, err, "unknown command")
+	require.False(t, Unavailable(err), "a server without scripting is up: it opens no breaker")
+}
