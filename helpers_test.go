@@ -34,6 +34,10 @@ type env struct {
 	clock  *clock.Fake
 	prefix string
 	opts   []ratelimit.Option // for every Limiter of the env
+	// limited, if set, is the client the env's Limiters use instead of
+	// client: one logged in as a Redis ACL user granted only what a
+	// Limiter needs, while the test's own reads and writes use client.
+	limited redis.UniversalClient
 }
 
 // limiter returns a Limiter on the env's client, clock and prefix. Its
@@ -41,7 +45,11 @@ type env struct {
 // must not turn one into a failure-policy decision. The timeout has tests of
 // its own.
 func (e env) limiter(opts ...ratelimit.Option) *ratelimit.Limiter {
-	return ratelimit.New(e.client, append([]ratelimit.Option{
+	client := e.client
+	if e.limited != nil {
+		client = e.limited
+	}
+	return ratelimit.New(client, append([]ratelimit.Option{
 		ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
 		ratelimit.WithTimeout(time.Minute),
 	}, append(e.opts, opts...)...)...)
@@ -127,6 +135,28 @@ func clusterEnv(t *testing.T) newEnv {
 	t.Cleanup(func() { _ = c.Close() })
 	return func(t *testing.T) env {
 		return env{client: c, clock: clock.NewFake(epoch), prefix: t.Name()}
+	}
+}
+
+// limiterACL is what a Limiter's Redis ACL user is granted (docs/failure-modes.md
+// gives it), but for the key pattern, which the tests' env sets.
+const limiterACL = "-@all +evalsha +eval +mget +get +exists +set +incrby +del +time"
+
+// aclEnv starts one redis-server for all the tests it serves, with an ACL
+// user granted only limiterACL on the keys of prefixes that start with
+// "limited-": each test's Limiters log in as that user and keep their keys
+// under such a prefix.
+func aclEnv(t *testing.T) newEnv {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	args := []any{"ACL", "SETUSER", "limiter", "reset", "on", ">secret", "~limited-*", "resetchannels"}
+	for _, rule := range strings.Fields(limiterACL) {
+		args = append(args, rule)
+	}
+	require.NoError(t, admin.Do(context.Background(), args...).Err())
+	limited := newClient(t, &redis.Options{Addr: srv.Addr, Username: "limiter", Password: "secret"})
+	return func(t *testing.T) env {
+		return env{client: admin, limited: limited, clock: clock.NewFake(epoch), prefix: "limited-" + t.Name()}
 	}
 }
 

@@ -556,3 +556,22 @@ func TestLimitConstructors(t *testing.T) {
 	require.Equal(t, ratelimit.Limit{Rate: 5, Window: time.Hour}, ratelimit.PerHour(5))
 	require.Equal(t, "5/1h0m0s", ratelimit.PerHour(5).String())
 }
+
+// Least privilege: the semantic, multi-limit, strict and shadow tests run
+// once more with every Limiter logged in as a Redis ACL user granted only
+// the commands docs/failure-modes.md lists, on its own keys.
+func TestLeastPrivilege(t *testing.T) {
+	mk := aclEnv(t)
+	t.Run("Semantics", func(t *testing.T) { runSemantics(t, mk) })
+	t.Run("AllowAll", func(t *testing.T) { runAllowAll(t, mk) })
+	t.Run("Strict", func(t *testing.T) { runStrict(t, mk) })
+	t.Run("Batched", func(t *testing.T) { runSemantics(t, withOpts(mk, ratelimit.WithBatching(64))) })
+	t.Run("Differential", func(t *testing.T) {
+		runDifferential(t, mk(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
+	})
+	t.Run("RedisClock", func(t *testing.T) {
+		rc := ratelimit.NewRedisClock(mk(t).limited, ratelimit.WithSyncInterval(0))
+		defer rc.Close()
+		require.NoError(t, rc.Sync(context.Background()), "TIME is granted")
+	})
+}
