@@ -147,40 +147,6 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	return c
 }
 
-// StartCluster starts n redis-server masters with cluster mode on, joins
-// them with `redis-cli --cluster create`, waits until every node reports
-// cluster_state:ok, and returns their addresses.
-func StartCluster(t testing.TB, n int) []string {
-	t.Helper()
-	cli := Require(t, CLIProgram())
-	addrs := make([]string, n)
-	for i := range addrs {
-		addrs[i] = Start(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i)).Addr
-	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s --cluster create: %v\n%s", cli, err, out)
-	}
-	for _, addr := range addrs {
-		if err := waitFor(func(ctx context.Context) error {
-			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-			defer c.Close()
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil {
-				return err
-			}
-			if !strings.Contains(info, "cluster_state:ok") {
-				return fmt.Errorf("%s: cluster not ready yet", addr)
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("cluster did not come up: %v", err)
-		}
-	}
-	return addrs
-}
-
 // Silent returns the address of a listener that accepts connections and
 // reads from them but never answers: a Redis that hangs.
 func Silent(t testing.TB) string {
