@@ -392,9 +392,10 @@ func (c *Cluster) WaitPromoted(t testing.TB, replica *Server, timeout time.Durat
 // with it, and a replica promoted in its place never saw them. No client
 // can prevent that. A test that asserts exact counts across a failover calls
 // PauseWritesAndSync and then kills the master (Stop): every write the
-// master acknowledged is on the replica that takes over, and the writes
-// that clients send during the pause reach the new master instead. A test
-// of what a real crash loses does not sync.
+// master acknowledged is on the replica that takes over, and a write sent
+// during the pause waits on the master and dies with it without having run,
+// so its client sees an error, never a lost success. A test of what a real
+// crash loses does not sync.
 func (c *Cluster) PauseWritesAndSync(t testing.TB, master *Server, pause time.Duration) {
 	t.Helper()
 	if !slices.Contains(c.masters, master) {
