@@ -7,16 +7,19 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy on a loopback port in front of one Redis server, for
 // tests that need to break the network at an exact point of the protocol:
-// lose one reply after the server has run the command, stop all traffic, or
-// cut every connection. It reads the protocol (RESP2 and RESP3) only to know
+// lose one reply after the server has run the command, make replies late,
+// stop all traffic, or cut every connection. It records when each command
+// went through. It reads the protocol (RESP2 and RESP3) only to know
 // where each command and each reply ends; the bytes pass as they are.
 //
 // A Proxy is safe for simultaneous use by multiple goroutines. It belongs to
@@ -30,9 +33,12 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	conns    map[*proxyConn]struct{}
-	drops    map[string]int // command name -> replies still to lose
-	commands map[string]int // command name -> how many were forwarded
-	resume   chan struct{}  // nil while traffic flows; closed by Resume
+	drops    map[string]int         // command name -> replies still to lose
+	commands map[string]int         // command name -> how many were forwarded
+	sent     map[string][]time.Time // command name -> when each was forwarded
+	resume   chan struct{}          // nil while traffic flows; closed by Resume
+	delay    time.Duration          // how long each reply is held
+	delayed  chan struct{}          // closed, and replaced, when delay changes
 	closed   bool
 }
 
@@ -47,6 +53,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	p := &Proxy{
 		Addr: ln.Addr().String(), target: target, ln: ln,
 		conns: map[*proxyConn]struct{}{}, drops: map[string]int{}, commands: map[string]int{},
+		sent: map[string][]time.Time{}, delayed: make(chan struct{}),
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { p.accept(&wg) })
@@ -79,6 +86,43 @@ func (p *Proxy) Commands(name string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.commands[strings.ToLower(name)]
+}
+
+// Sent returns the times at which the proxy forwarded each command named
+// name (case-insensitive) to the server, oldest first, taken just before it
+// wrote the command: a command stamped after a moment reached the server
+// after it, and by the time a client has a command's reply, Sent has the
+// command. A test counts with it the commands that reached the server after
+// some event.
+func (p *Proxy) Sent(name string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.sent[strings.ToLower(name)])
+}
+
+// Delay holds every reply from the server for d after the proxy read it
+// before passing it on, as a slow network or a slow reply path would:
+// commands still reach the server at once, and it runs them at once; only
+// their replies come late. Replies keep their order on each connection, so
+// a reply held longer holds back those behind it; replies read together
+// wait together, not one after another. A lost reply (DropNextReply) and
+// the end of the server's side close the client's connection when their
+// turn comes. A reply waits for the delay in force while it waits:
+// Delay(0) stops delaying and lets the replies already held go at once.
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+	close(p.delayed)
+	p.delayed = make(chan struct{})
+}
+
+// currentDelay returns the delay in force and a channel that is closed when
+// it changes.
+func (p *Proxy) currentDelay() (time.Duration, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay, p.delayed
 }
 
 // Hang stops forwarding in both directions, on every connection, new ones
@@ -139,7 +183,10 @@ func (p *Proxy) accept(wg *sync.WaitGroup) {
 			_ = client.Close()
 			continue
 		}
-		c := &proxyConn{p: p, client: client, server: server, done: make(chan struct{}), pending: make(chan bool, 1<<16)}
+		c := &proxyConn{
+			p: p, client: client, server: server, done: make(chan struct{}),
+			pending: make(chan bool, 1<<16), ready: make(chan struct{}, 1),
+		}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -149,7 +196,8 @@ func (p *Proxy) accept(wg *sync.WaitGroup) {
 		p.conns[c] = struct{}{}
 		p.mu.Unlock()
 		wg.Go(c.forwardCommands)
-		wg.Go(c.forwardReplies)
+		wg.Go(c.readReplies)
+		wg.Go(c.writeReplies)
 	}
 }
 
@@ -163,6 +211,22 @@ type proxyConn struct {
 	// pending holds, for each command forwarded and not yet answered,
 	// whether its reply is to be lost. Replies come in command order.
 	pending chan bool
+
+	// held is the queue of what readReplies has read from the server and
+	// writeReplies has yet to pass on; ready has a value when it may have
+	// grown. One queue per connection keeps the replies in order.
+	heldMu sync.Mutex
+	held   []heldReply
+	ready  chan struct{}
+}
+
+// heldReply is one reply on its way to the client.
+type heldReply struct {
+	raw  []byte
+	read time.Time // when the proxy had read it whole
+	// end closes the connection in its place: the reply is to be lost,
+	// or the server's side has ended.
+	end bool
 }
 
 func (c *proxyConn) close() {
@@ -202,6 +266,9 @@ func (c *proxyConn) forwardCommands() {
 			c.p.drops[name]--
 		}
 		c.p.commands[name]++
+		// Before the write, so that no reply can reach the client before
+		// its command is in Sent.
+		c.p.sent[name] = append(c.p.sent[name], time.Now())
 		c.p.mu.Unlock()
 		select {
 		case c.pending <- drop: // before the command leaves, so before its reply can come
@@ -214,14 +281,17 @@ func (c *proxyConn) forwardCommands() {
 	}
 }
 
-func (c *proxyConn) forwardReplies() {
-	defer c.close()
+// readReplies reads each reply from the server as soon as it comes, so that
+// its delay counts from then, and queues it for writeReplies. It closes no
+// connection itself: the end it queues does, after the replies before it.
+func (c *proxyConn) readReplies() {
 	r := bufio.NewReader(c.server)
-	var buf bytes.Buffer
 	for {
-		buf.Reset()
+		var buf bytes.Buffer
 		push, err := readValue(r, &buf, 0)
-		if err != nil || !c.wait() {
+		read := time.Now()
+		if err != nil {
+			c.hold(heldReply{read: read, end: true})
 			return
 		}
 		if !push { // a push answers no command
@@ -230,11 +300,84 @@ func (c *proxyConn) forwardReplies() {
 			case drop = <-c.pending:
 			default: // a reply to no command: pass it on
 			}
-			if drop {
-				return // the server ran the command; its reply is lost with the connection
+			if drop { // the server ran the command; its reply is lost with the connection
+				c.hold(heldReply{read: read, end: true})
+				return
 			}
 		}
-		if _, err := c.client.Write(buf.Bytes()); err != nil {
+		c.hold(heldReply{raw: buf.Bytes(), read: read})
+	}
+}
+
+// hold queues h for writeReplies.
+func (c *proxyConn) hold(h heldReply) {
+	c.heldMu.Lock()
+	c.held = append(c.held, h)
+	c.heldMu.Unlock()
+	select {
+	case c.ready <- struct{}{}:
+	default: // writeReplies has a wake-up coming already
+	}
+}
+
+// next returns the oldest queued reply, waiting for one; false once the
+// connection is closed.
+func (c *proxyConn) next() (heldReply, bool) {
+	for {
+		c.heldMu.Lock()
+		if len(c.held) > 0 {
+			h := c.held[0]
+			c.held[0] = heldReply{} // let its bytes go
+			c.held = c.held[1:]
+			c.heldMu.Unlock()
+			return h, true
+		}
+		c.heldMu.Unlock()
+		select {
+		case <-c.ready:
+		case <-c.done:
+			return heldReply{}, false
+		}
+	}
+}
+
+// writeReplies passes the queued replies on to the client in order, each
+// once the delay has passed since it was read and while traffic flows.
+func (c *proxyConn) writeReplies() {
+	defer c.close()
+	var timer *time.Timer // made on the first wait, then reused
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		h, ok := c.next()
+		if !ok {
+			return
+		}
+		for {
+			d, changed := c.p.currentDelay()
+			wait := time.Until(h.read.Add(d))
+			if wait <= 0 {
+				break
+			}
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			select {
+			case <-timer.C:
+			case <-changed: // Delay again: wait for the new delay instead
+			case <-c.done:
+				return
+			}
+		}
+		if h.end || !c.wait() {
+			return
+		}
+		if _, err := c.client.Write(h.raw); err != nil {
 			return
 		}
 	}

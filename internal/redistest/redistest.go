@@ -1,10 +1,20 @@
-// Package redistest starts real redis-server processes on loopback for tests:
-// a single server, a Redis Cluster, and a listener that never answers. Each
-// server belongs to the test that started it and stops when that test ends.
+// Package redistest starts real Redis server processes on loopback for tests:
+// a single server, a Redis Cluster with or without replicas, a proxy that
+// breaks the network at chosen points, a listener that never answers and a
+// fake that sends replies no real server would.
+// Each server belongs to the test that started it and stops when that test
+// ends.
 //
-// Without redis-server on the PATH, the tests that need it skip with the
-// reason, unless RATELIMIT_REQUIRE_REDIS=1 is set (as .ci/run sets it): then
-// they fail, so that CI cannot pass by skipping them.
+// The server program is redis-server unless RATELIMIT_REDIS_SERVER names
+// another one, and the CLI that creates clusters is redis-cli unless
+// RATELIMIT_REDIS_CLI names another: with
+// RATELIMIT_REDIS_SERVER=valkey-server RATELIMIT_REDIS_CLI=valkey-cli the
+// same tests run against Valkey. A name without a slash is looked up on the
+// PATH.
+//
+// Without the program, the tests that need it skip with the reason, unless
+// RATELIMIT_REQUIRE_REDIS=1 is set (as .ci/run sets it): then they fail, so
+// that CI cannot pass by skipping them.
 package redistest
 
 import (
@@ -27,31 +37,61 @@ import (
 // startTimeout bounds the wait for a server, or a cluster, to come up.
 const startTimeout = 20 * time.Second
 
-// Require returns the path of the named program (redis-server or
-// redis-cli), skipping t with a printed reason when it is not installed.
+// ServerProgram returns the server program that Start and the cluster
+// functions run: $RATELIMIT_REDIS_SERVER, or redis-server when it is unset
+// or empty. Tests name it in their messages.
+func ServerProgram() string {
+	return programFromEnv("RATELIMIT_REDIS_SERVER", "redis-server")
+}
+
+// CLIProgram returns the CLI that creates clusters:
+// $RATELIMIT_REDIS_CLI, or redis-cli when it is unset or empty.
+func CLIProgram() string {
+	return programFromEnv("RATELIMIT_REDIS_CLI", "redis-cli")
+}
+
+func programFromEnv(name, def string) string {
+	if p := os.Getenv(name); p != "" {
+		return p
+	}
+	return def
+}
+
+// Require returns the path of the named program, skipping t with a printed
+// reason when it is not installed, or failing t when RATELIMIT_REQUIRE_REDIS=1.
+// The names redis-server and redis-cli stand for ServerProgram and
+// CLIProgram, so that callers written for Redis run whatever the
+// environment chose; any other name is looked up as it is.
 func Require(t testing.TB, program string) string {
 	t.Helper()
+	switch program {
+	case "redis-server":
+		program = ServerProgram()
+	case "redis-cli":
+		program = CLIProgram()
+	}
 	path, err := exec.LookPath(program)
 	if err == nil {
 		return path
 	}
 	if os.Getenv("RATELIMIT_REQUIRE_REDIS") == "1" {
-		t.Fatalf("%s is not installed, and RATELIMIT_REQUIRE_REDIS=1 says this run needs it", program)
+		t.Fatalf("%v, and RATELIMIT_REQUIRE_REDIS=1 says this run needs it", err)
 	}
-	t.Skipf("skipping: %s is not installed (apt-get install redis-server redis-tools); .ci/run installs it", program)
+	t.Skipf("skipping: %v; apt-get install redis-server redis-tools, or name other programs "+
+		"in RATELIMIT_REDIS_SERVER and RATELIMIT_REDIS_CLI; .ci/run installs them", err)
 	return ""
 }
 
-// Server is a redis-server process listening on a loopback port.
+// Server is a server process (ServerProgram) listening on a loopback port.
 type Server struct {
 	// Addr is the server's host:port.
 	Addr string
 	cmd  *exec.Cmd
 }
 
-// Start starts a redis-server with no persistence on a free loopback port,
+// Start starts ServerProgram with no persistence on a free loopback port,
 // waits until it answers PING, and stops it when t ends. Extra arguments
-// are passed to redis-server as they are, say "--cluster-enabled", "yes".
+// are passed to the server as they are, say "--cluster-enabled", "yes".
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
@@ -60,10 +100,10 @@ func Start(t testing.TB, args ...string) *Server {
 	return s
 }
 
-// launch starts redis-server on s.Addr's port and waits until it answers.
+// launch starts ServerProgram on s.Addr's port and waits until it answers.
 func (s *Server) launch(t testing.TB, args []string) {
 	t.Helper()
-	bin := Require(t, "redis-server")
+	bin := Require(t, ServerProgram())
 	_, port, err := net.SplitHostPort(s.Addr)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
@@ -76,7 +116,7 @@ func (s *Server) launch(t testing.TB, args []string) {
 	}, args...)
 	s.cmd = exec.Command(bin, argv...)
 	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
+		t.Fatalf("start %s: %v", bin, err)
 	}
 	if err := waitFor(func(ctx context.Context) error {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
@@ -84,17 +124,19 @@ func (s *Server) launch(t testing.TB, args []string) {
 		return c.Ping(ctx).Err()
 	}); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-		t.Fatalf("redis-server on %s did not answer: %v\n%s", s.Addr, err, log)
+		t.Fatalf("%s on %s did not answer: %v\n%s", bin, s.Addr, err, log)
 	}
 }
 
-// Stop kills the server and waits for it to exit. It may be called more than
-// once; tests call it to simulate an outage.
+// Stop kills the server with SIGKILL and waits for it to exit: the process
+// gets no chance to save, to answer clients or to tell its replicas or its
+// cluster, as in a crash or a power loss. It may be called more than once;
+// tests call it to simulate an outage.
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Process.Kill() // SIGKILL on Unix
 	_ = s.cmd.Wait()
 }
 
@@ -103,40 +145,6 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
-}
-
-// StartCluster starts n redis-server masters with cluster mode on, joins
-// them with `redis-cli --cluster create`, waits until every node reports
-// cluster_state:ok, and returns their addresses.
-func StartCluster(t testing.TB, n int) []string {
-	t.Helper()
-	cli := Require(t, "redis-cli")
-	addrs := make([]string, n)
-	for i := range addrs {
-		addrs[i] = Start(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i)).Addr
-	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	for _, addr := range addrs {
-		if err := waitFor(func(ctx context.Context) error {
-			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-			defer c.Close()
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil {
-				return err
-			}
-			if !strings.Contains(info, "cluster_state:ok") {
-				return fmt.Errorf("%s: cluster not ready yet", addr)
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("cluster did not come up: %v", err)
-		}
-	}
-	return addrs
 }
 
 // Silent returns the address of a listener that accepts connections and
