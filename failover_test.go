@@ -1,0 +1,192 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/clock"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// decided is one decision of a failover run, as its caller saw it.
+type decided struct {
+	at       time.Time
+	id       string
+	allowed  bool
+	degraded bool
+	err      error
+}
+
+// A Redis Cluster master failover is a few seconds for the slots that moved,
+// and nothing for the others. Three masters with a replica each, 16
+// goroutines over 5,000 ids under FailClosed and the library's defaults
+// otherwise, and one master killed with SIGKILL: the ids of the live
+// masters are never denied by the policy but for the moments the whole
+// cluster answers CLUSTERDOWN (it requires full coverage, the default);
+// every id is decided by Redis again within 2 s of the replica's promotion;
+// and no id is admitted past its limit.
+//
+// Redis replicates asynchronously, so a SIGKILL under load can lose the
+// last writes the master acknowledged, which the promoted replica never saw
+// (docs/failure-modes.md says what that costs). The test lets the replica
+// catch up under a short pause of writes before the kill, so that what it
+// checks is the Limiter's behaviour, not Redis's replication lag.
+func TestClusterFailover(t *testing.T) {
+	const (
+		nodeTimeout = time.Second
+		ids         = 5000
+		goroutines  = 16
+		after       = 3 * time.Second // of load after the promotion
+	)
+	c := redistest.StartClusterWithReplicas(t, 3, 1, "--cluster-node-timeout", fmt.Sprint(nodeTimeout.Milliseconds()))
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()}) // go-redis's defaults
+	t.Cleanup(func() { _ = cc.Close() })
+	e := env{client: cc, clock: clock.NewFake(epoch), prefix: t.Name()}
+	limit := ratelimit.PerHour(15) // the clock stands still: one window, and at most 15 admitted per id
+	l := ratelimit.New(cc, ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
+		ratelimit.WithFailurePolicy(ratelimit.FailClosed),
+		ratelimit.WithTimeout(time.Second), // the default 100ms, with room for a loaded machine
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+
+	ctx := context.Background()
+	victim := c.Masters()[0]
+	replica := c.ReplicasOf(victim)[0]
+	onVictim := map[string]bool{}
+	for i := range ids {
+		id := fmt.Sprint("id-", i)
+		node, err := cc.MasterForKey(ctx, e.key(id, limit.Window, e.windowIndex(limit.Window)))
+		require.NoError(t, err)
+		onVictim[id] = node.Options().Addr == victim.Addr
+	}
+
+	var mu sync.Mutex
+	var log []decided
+	var made atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			var mine []decided
+			defer func() {
+				mu.Lock()
+				log = append(log, mine...)
+				mu.Unlock()
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprint("id-", rng.IntN(ids))
+				res, err := l.Allow(ctx, id, limit)
+				mine = append(mine, decided{at: time.Now(), id: id, allowed: res.Allowed, degraded: res.Degraded, err: err})
+				made.Add(1)
+			}
+		})
+	}
+	// Load before the kill; then writes pause while the replica catches
+	// up, and the master dies.
+	waitDecisions(t, &made, stop, 2000)
+	c.PauseWritesAndSync(t, victim, 2*time.Second)
+	killed := time.Now()
+	victim.Stop()
+	promoted := c.WaitPromoted(t, replica, 30*time.Second)
+	for time.Since(promoted) < after { // waits on the load, which runs on its own goroutines
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+
+	slices.SortFunc(log, func(a, b decided) int { return a.at.Compare(b.at) })
+	var firstDown, lastDown, lastVictimDegraded time.Time
+	admitted := map[string]int64{}
+	var victimDegraded, othersDegraded, othersOutside, after2s int
+	for _, d := range log {
+		if d.allowed {
+			admitted[d.id]++
+		}
+		down := d.err != nil && strings.Contains(d.err.Error(), "CLUSTERDOWN")
+		if down {
+			if firstDown.IsZero() {
+				firstDown = d.at
+			}
+			lastDown = d.at
+		}
+		switch {
+		case !d.degraded:
+		case onVictim[d.id]:
+			victimDegraded++
+			lastVictimDegraded = d.at
+		default:
+			othersDegraded++
+			if !down {
+				othersOutside++
+				if othersOutside <= 5 {
+					t.Errorf("id %s of a live master denied by the policy, not for CLUSTERDOWN, at kill%+v: %v", d.id, d.at.Sub(killed), d.err)
+				}
+			}
+		}
+		if d.at.After(promoted.Add(2*time.Second)) && d.degraded {
+			after2s++
+		}
+	}
+	over := 0
+	for id, n := range admitted {
+		if n > limit.Rate {
+			over++
+			if over <= 5 {
+				t.Errorf("id %s admitted %d times, limit %d", id, n, limit.Rate)
+			}
+		}
+	}
+	t.Logf("%d decisions; kill to promotion %v", len(log), promoted.Sub(killed).Round(time.Millisecond))
+	t.Logf("ids of the killed master: %d degraded decisions, the last at promotion%+v", victimDegraded, lastVictimDegraded.Sub(promoted).Round(time.Millisecond))
+	if !firstDown.IsZero() {
+		t.Logf("CLUSTERDOWN from kill%+v to kill%+v", firstDown.Sub(killed).Round(time.Millisecond), lastDown.Sub(killed).Round(time.Millisecond))
+	}
+	t.Logf("ids of the live masters: %d degraded decisions, %d of them outside CLUSTERDOWN", othersDegraded, othersOutside)
+	t.Logf("ids over their limit: %d", over)
+	require.Zero(t, othersOutside, "decisions for the live masters' ids denied by the policy, not for CLUSTERDOWN")
+	require.Zero(t, over, "ids admitted past their limit")
+	require.Positive(t, victimDegraded, "the kill was felt")
+	require.Zero(t, after2s, "decisions degraded more than 2 s after the promotion")
+	require.True(t, lastVictimDegraded.Before(promoted.Add(2*time.Second)))
+	var redisAfter int
+	for _, d := range log {
+		if d.at.After(promoted.Add(2*time.Second)) && !d.degraded && onVictim[d.id] {
+			redisAfter++
+		}
+	}
+	require.Positive(t, redisAfter, "the promoted replica decided")
+}
+
+// waitDecisions waits until the load has made n decisions; it closes stop
+// and fails t if that takes more than 30 s.
+func waitDecisions(t *testing.T, made *atomic.Int64, stop chan struct{}, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := made.Load()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatalf("only %d decisions in 30s", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
