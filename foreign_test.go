@@ -27,8 +27,10 @@ type foreign struct {
 // a count in [0, 2^53] (Lua's tonumber takes some of them).
 func foreignString(v string) foreign {
 	return foreign{
-		name:  strconv.Quote(v),
-		store: func(ctx context.Context, c redis.UniversalClient, key string) error { return c.Set(ctx, key, v, 0).Err() },
+		name: strconv.Quote(v),
+		store: func(ctx context.Context, c redis.UniversalClient, key string) error {
+			return c.Set(ctx, key, v, 0).Err()
+		},
 		dump: func(ctx context.Context, c redis.UniversalClient, key string) (string, error) {
 			return c.Get(ctx, key).Result()
 		},
@@ -40,16 +42,20 @@ var foreigners = []foreign{
 	foreignString("0x10"), foreignString("-0"), foreignString(""), foreignString("abc"),
 	foreignString("-5"), foreignString("1.5"), foreignString("007"), foreignString("9007199254740993"),
 	{
-		name:  "hash",
-		store: func(ctx context.Context, c redis.UniversalClient, key string) error { return c.HSet(ctx, key, "f", "1").Err() },
+		name: "hash",
+		store: func(ctx context.Context, c redis.UniversalClient, key string) error {
+			return c.HSet(ctx, key, "f", "1").Err()
+		},
 		dump: func(ctx context.Context, c redis.UniversalClient, key string) (string, error) {
 			m, err := c.HGetAll(ctx, key).Result()
 			return fmt.Sprint(m), err
 		},
 	},
 	{
-		name:  "list",
-		store: func(ctx context.Context, c redis.UniversalClient, key string) error { return c.RPush(ctx, key, "1", "2").Err() },
+		name: "list",
+		store: func(ctx context.Context, c redis.UniversalClient, key string) error {
+			return c.RPush(ctx, key, "1", "2").Err()
+		},
 		dump: func(ctx context.Context, c redis.UniversalClient, key string) (string, error) {
 			l, err := c.LRange(ctx, key, 0, -1).Result()
 			return fmt.Sprint(l), err
