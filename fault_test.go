@@ -606,3 +606,103 @@ func TestAtomicAcrossAppServers(t *testing.T) {
 		})
 	}
 }
+
+// A request is sent only while its caller waits. Replies come 1 s late and
+// the timeout is 50 ms: 2,000 concurrent callers each return within the
+// timeout (plus loadSlack), decided by the policy; the requests queued
+// behind the calls on the wire are sent only while their callers wait, and
+// dropped once they have left. Before, a returning call sent the whole
+// queue, a second after its callers had gone, and all 2,000 were counted.
+// The proxy stamps each call when it forwards it, a moment after the client
+// wrote it: a call that reaches it half the delay after the last caller
+// returned can only have been made when a late reply came back.
+func TestSlowRedisIsSentNothingLate(t *testing.T) {
+	const (
+		timeout = 50 * time.Millisecond
+		delay   = time.Second
+		callers = 2000
+	)
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		ctxAware, breaker bool
+	}{{true, true}, {false, true}, {true, false}, {false, false}} {
+		ctxAware := tc.ctxAware
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/breaker=%v", tc.ctxAware, tc.breaker), func(t *testing.T) {
+			proxy := redistest.StartProxy(t, srv.Addr)
+			const poolSize = 64 // enough connections, warmed, that the proxy's late handshakes stop no call
+			client := newClient(t, &redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: ctxAware, MaxRetries: -1, PoolSize: poolSize})
+			e := env{client: srv.Client(t), clock: clock.NewFake(epoch), prefix: t.Name()}
+			opts := []ratelimit.Option{ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix), ratelimit.WithTimeout(timeout),
+				ratelimit.WithErrorHandler(func(context.Context, string, error) {})}
+			if !tc.breaker { // what the breaker does not save
+				opts = append(opts, ratelimit.WithCircuitBreaker(0, 0))
+			}
+			l := ratelimit.New(client, opts...)
+			limit := ratelimit.PerMinute(10)
+			// The server has the script, and the pool its connections, each
+			// through its handshake: a client whose ContextTimeoutEnabled is
+			// false makes a new connection's handshake in full whatever the
+			// deadline (its replies are late too) and then writes the command
+			// it was given, which no Limiter can take back
+			// (docs/failure-modes.md). Blocking commands hold every
+			// connection of the pool at once.
+			res, err := l.Allow(context.Background(), "warm-up", limit)
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+			var warm sync.WaitGroup
+			for range poolSize {
+				warm.Go(func() { _ = client.BLPop(context.Background(), 100*time.Millisecond, t.Name()+"-none").Err() })
+			}
+			warm.Wait()
+			require.Equal(t, uint32(poolSize), client.PoolStats().TotalConns)
+			before := len(proxy.Sent("evalsha"))
+
+			proxy.Delay(delay)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			var slowest atomic.Int64
+			var failed firstError
+			for i := range callers {
+				wg.Go(func() {
+					<-start
+					begin := time.Now()
+					res, err := l.Allow(context.Background(), fmt.Sprint("id-", i), limit)
+					slowest.Store(max(slowest.Load(), int64(time.Since(begin))))
+					if err != nil || !res.Degraded {
+						failed.report(fmt.Errorf("%+v, %v: want a FailOpen decision", res, err))
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			returned := time.Now()
+			require.NoError(t, failed.get())
+			require.Less(t, time.Duration(slowest.Load()), timeout+loadSlack, "a caller waited past its timeout")
+
+			// Nothing the Limiter started is left to send: the batch's
+			// goroutine ends when its call does, and late replies come in.
+			require.Eventually(t, func() bool {
+				return goroutinesIn("github.com/slidingwindow/ratelimit.(*batcher).flush") == 0 && watchGoroutines() == 0
+			}, 10*time.Second, time.Millisecond)
+			proxy.Delay(0)
+			sent := proxy.Sent("evalsha")[before:]
+			late := 0
+			for _, at := range sent {
+				if at.After(returned.Add(delay / 2)) {
+					late++
+				}
+			}
+			counted := 0
+			for _, key := range e.keys(t) {
+				if !strings.Contains(key, "warm-up") {
+					counted++
+				}
+			}
+			t.Logf("%d callers: %d script calls, %d late, %d requests counted; slowest caller %v",
+				callers, len(sent), late, counted, time.Duration(slowest.Load()).Round(time.Millisecond))
+			require.Zero(t, late, "script calls made after the callers had left")
+			// Before, every request was counted: the queue was sent whole.
+			require.Less(t, counted, callers, "requests counted: those of the calls made while their callers waited")
+		})
+	}
+}
