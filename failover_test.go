@@ -143,6 +143,24 @@ func TestClusterFailover(t *testing.T) {
 			after2s++
 		}
 	}
+	// Every error says what failed: the node, and for a timeout the
+	// timeout and the last dial error to that node alone.
+	unnamed := 0
+	for _, d := range log {
+		if d.err == nil {
+			continue
+		}
+		msg := d.err.Error()
+		named := strings.Contains(msg, "127.0.0.1:") || strings.Contains(msg, "Redis Cluster")
+		bare := strings.HasSuffix(msg, "context deadline exceeded") && !strings.Contains(msg, "no reply within")
+		_, dialed, _ := strings.Cut(msg, "last dial error")
+		if !named || bare || dialed != "" && !strings.Contains(dialed, victim.Addr) {
+			unnamed++
+			if unnamed <= 5 {
+				t.Errorf("an error that does not say what failed: %v", d.err)
+			}
+		}
+	}
 	over := 0
 	for id, n := range admitted {
 		if n > limit.Rate {
@@ -159,6 +177,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	t.Logf("ids of the live masters: %d degraded decisions, %d of them outside CLUSTERDOWN", othersDegraded, othersOutside)
 	t.Logf("ids over their limit: %d", over)
+	require.Zero(t, unnamed, "errors that do not say what failed")
 	require.Zero(t, othersOutside, "decisions for the live masters' ids denied by the policy, not for CLUSTERDOWN")
 	require.Zero(t, over, "ids admitted past their limit")
 	require.Positive(t, victimDegraded, "the kill was felt")

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -17,7 +16,7 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 	switch l.policy {
 	case FailClosed:
 		d.allowed = false
-		err = fmt.Errorf("%w (FailClosed): %w", ErrUnavailable, redisErr)
+		err = wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	case FailLocal:
 		l.local.decide(id, d)
 	default:

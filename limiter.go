@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"time"
 
@@ -276,7 +275,7 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 		l.denied.forget(id, pos)
 	}
 	if err != nil {
-		return fmt.Errorf("ratelimit: reset: %w", err)
+		return wrap("ratelimit: reset", err)
 	}
 	return nil
 }

@@ -252,7 +252,7 @@ func (t *transport) explain(caller, ctx context.Context, ours bool, srv *server,
 		}
 		return fmt.Errorf("ratelimit: no reply within %v from %s: %w", t.timeout, name, err)
 	}
-	return fmt.Errorf("ratelimit: %s: %w", name, err)
+	return wrap("ratelimit: "+name, err)
 }
 
 // reload tells a Cluster client to reload its slot map, at most once every
