@@ -192,6 +192,94 @@ func TestClusterFailover(t *testing.T) {
 	require.Positive(t, redisAfter, "the promoted replica decided")
 }
 
+// A Sentinel failover recovers by itself: a master and its replica under
+// one Sentinel, 16 goroutines over 5,000 ids under FailClosed, the master
+// killed with SIGKILL. Decisions are degraded from the kill until the
+// failover client has moved to the promoted replica, within 2 s of the
+// promotion, and no id is admitted past its limit (the replica caught up
+// under a pause of writes before the kill, as in TestClusterFailover).
+func TestSentinelFailover(t *testing.T) {
+	const ids, goroutines, after = 5000, 16, 3 * time.Second
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master)
+	sentinel := redistest.StartSentinel(t, "limiter", master, time.Second, 1)
+	client := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "limiter", SentinelAddrs: []string{sentinel.Addr}})
+	t.Cleanup(func() { _ = client.Close() })
+	clk := clock.NewFake(epoch)
+	limit := ratelimit.PerHour(15)
+	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithPrefix(t.Name()),
+		ratelimit.WithFailurePolicy(ratelimit.FailClosed), ratelimit.WithTimeout(time.Second),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+
+	var mu sync.Mutex
+	var log []decided
+	var made atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 2))
+			var mine []decided
+			defer func() {
+				mu.Lock()
+				log = append(log, mine...)
+				mu.Unlock()
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprint("id-", rng.IntN(ids))
+				res, err := l.Allow(context.Background(), id, limit)
+				mine = append(mine, decided{at: time.Now(), id: id, allowed: res.Allowed, degraded: res.Degraded, err: err})
+				made.Add(1)
+			}
+		})
+	}
+	waitDecisions(t, &made, stop, 2000)
+	redistest.PauseWritesAndSync(t, master, []*redistest.Server{replica}, 2*time.Second)
+	killed := time.Now()
+	master.Stop()
+	promoted := redistest.WaitMaster(t, replica, 30*time.Second)
+	for time.Since(promoted) < after { // waits on the load, which runs on its own goroutines
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+
+	admitted := map[string]int64{}
+	var degraded int
+	var first, last time.Time
+	for _, d := range log {
+		if d.allowed {
+			admitted[d.id]++
+		}
+		if d.degraded {
+			degraded++
+			if first.IsZero() || d.at.Before(first) {
+				first = d.at
+			}
+			if d.at.After(last) {
+				last = d.at
+			}
+		}
+	}
+	over := 0
+	for _, n := range admitted {
+		if n > limit.Rate {
+			over++
+		}
+	}
+	t.Logf("%d decisions; kill to promotion %v; %d degraded, from kill%+v to promotion%+v; %d ids over their limit",
+		len(log), promoted.Sub(killed).Round(time.Millisecond), degraded,
+		first.Sub(killed).Round(time.Millisecond), last.Sub(promoted).Round(time.Millisecond), over)
+	require.Positive(t, degraded, "the kill was felt")
+	require.True(t, last.Before(promoted.Add(2*time.Second)), "degraded %v after the promotion", last.Sub(promoted))
+	require.Zero(t, over, "ids admitted past their limit")
+}
+
 // waitDecisions waits until the load has made n decisions; it closes stop
 // and fails t if that takes more than 30 s.
 func waitDecisions(t *testing.T, made *atomic.Int64, stop chan struct{}, n int64) {

@@ -401,6 +401,13 @@ func (c *Cluster) PauseWritesAndSync(t testing.TB, master *Server, pause time.Du
 	if !slices.Contains(c.masters, master) {
 		t.Fatalf("redistest: PauseWritesAndSync of %s, not a master of the cluster", master.Addr)
 	}
+	PauseWritesAndSync(t, master, c.ReplicasOf(master), pause)
+}
+
+// PauseWritesAndSync is Cluster.PauseWritesAndSync for a master and its
+// replicas outside a cluster (say, under Sentinel).
+func PauseWritesAndSync(t testing.TB, master *Server, replicas []*Server, pause time.Duration) {
+	t.Helper()
 	if pause < time.Millisecond {
 		t.Fatalf("redistest: a pause of %v: CLIENT PAUSE counts whole milliseconds", pause)
 	}
@@ -412,7 +419,6 @@ func (c *Cluster) PauseWritesAndSync(t testing.TB, master *Server, pause time.Du
 		t.Fatalf("redistest: CLIENT PAUSE on %s: %v", master.Addr, err)
 	}
 	end := time.Now().Add(pause)
-	replicas := c.ReplicasOf(master)
 	clients := make([]*redis.Client, len(replicas))
 	for i, r := range replicas {
 		clients[i] = redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
