@@ -160,6 +160,27 @@ func aclEnv(t *testing.T) newEnv {
 	}
 }
 
+// aclClusterEnv is aclEnv on a 3-master Redis Cluster, whose client needs
+// CLUSTER SLOTS too.
+func aclClusterEnv(t *testing.T) newEnv {
+	addrs := redistest.StartCluster(t, 3)
+	for _, addr := range addrs {
+		args := []any{"ACL", "SETUSER", "limiter", "reset", "on", ">secret", "~limited-*", "resetchannels"}
+		for _, rule := range strings.Fields(limiterACL + " +cluster|slots") {
+			args = append(args, rule)
+		}
+		admin := newClient(t, &redis.Options{Addr: addr})
+		require.NoError(t, admin.Do(context.Background(), args...).Err())
+	}
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = admin.Close() })
+	limited := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "limiter", Password: "secret"})
+	t.Cleanup(func() { _ = limited.Close() })
+	return func(t *testing.T) env {
+		return env{client: admin, limited: limited, clock: clock.NewFake(epoch), prefix: "limited-" + t.Name()}
+	}
+}
+
 // withOpts returns mk with opts added to every Limiter of its envs.
 func withOpts(mk newEnv, opts ...ratelimit.Option) newEnv {
 	return func(t *testing.T) env {

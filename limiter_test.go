@@ -557,9 +557,10 @@ func TestLimitConstructors(t *testing.T) {
 	require.Equal(t, "5/1h0m0s", ratelimit.PerHour(5).String())
 }
 
-// Least privilege: the semantic, multi-limit, strict and shadow tests run
-// once more with every Limiter logged in as a Redis ACL user granted only
-// the commands docs/failure-modes.md lists, on its own keys.
+// Least privilege: the semantic, multi-limit, strict, batched and
+// differential tests run once more with every Limiter logged in as a Redis
+// ACL user granted only the commands docs/failure-modes.md lists, on its
+// own keys, on a server and on a Cluster.
 func TestLeastPrivilege(t *testing.T) {
 	mk := aclEnv(t)
 	t.Run("Semantics", func(t *testing.T) { runSemantics(t, mk) })
@@ -573,5 +574,10 @@ func TestLeastPrivilege(t *testing.T) {
 		rc := ratelimit.NewRedisClock(mk(t).limited, ratelimit.WithSyncInterval(0))
 		defer rc.Close()
 		require.NoError(t, rc.Sync(context.Background()), "TIME is granted")
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		mk := aclClusterEnv(t)
+		runSemantics(t, mk)
+		runDifferential(t, mk(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
 	})
 }
