@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +28,8 @@ import (
 // callers still wait, and it lasts until the latest of their deadlines. The
 // circuit breaker is asked before each call.
 //
-// At most maxQueue requests wait. Past that, a decision waits for room on
+// At most maxQueue requests, of queuedCalls × maxCallKeys keys, wait: about
+// queuedCalls calls' worth. Past that, a decision waits for room on
 // its caller's goroutine, within its own deadline, and goes to the failure
 // policy if that passes first: a burst that a healthy Redis drains in a few
 // milliseconds is still decided by Redis, while the batcher's memory stays
@@ -52,6 +54,7 @@ type batcher struct {
 	sending int           // calls in flight, at most maxInFlight
 	queue   []*pending    // decisions waiting for the next call, in order
 	waiting int           // requests in queue
+	keys    int           // and their keys
 	room    chan struct{} // closed when the queue shrinks; nil when no one waits for room
 }
 
@@ -65,10 +68,21 @@ const queuedCalls = 16
 // pending is one decision waiting for its batch; done receives its replies
 // once, when its requests are decided or their call failed.
 type pending struct {
-	ctx  context.Context // the caller's, with the Limiter's deadline
-	ours bool            // the Limiter's timeout set ctx's deadline
-	reqs []*request
-	done chan batchReply
+	ctx          context.Context // the caller's, with the Limiter's deadline
+	ours         bool            // the Limiter's timeout set ctx's deadline
+	reqs         []*request
+	keys, values int // what its requests add to a call
+	done         chan batchReply
+}
+
+// newPending returns a pending decision of reqs.
+func newPending(ctx context.Context, ours bool, reqs []*request) *pending {
+	p := &pending{ctx: ctx, ours: ours, reqs: reqs, done: make(chan batchReply, 1)}
+	for _, r := range reqs {
+		k, v := r.callSize()
+		p.keys, p.values = p.keys+k, p.values+v
+	}
+	return p
 }
 
 // batchReply is what a batch hands one of its decisions: replies of its own,
@@ -93,8 +107,11 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 			b.next()
 			return err
 		}
-		if b.waiting+len(reqs) <= b.maxQueue || len(b.queue) == 0 {
+		if b.fits(reqs) {
 			break
+		}
+		if b.prune(); b.fits(reqs) {
+			continue
 		}
 		if b.room == nil {
 			b.room = make(chan struct{})
@@ -108,9 +125,10 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 		}
 		b.mu.Lock()
 	}
-	p := &pending{ctx: ctx, ours: ours, reqs: reqs, done: make(chan batchReply, 1)}
+	p := newPending(ctx, ours, reqs)
 	b.queue = append(b.queue, p)
 	b.waiting += len(reqs)
+	b.keys += p.keys
 	if b.sending < maxInFlight {
 		b.sending++
 		go b.flush()
@@ -123,6 +141,34 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// fits reports whether reqs fit in the queue; b.mu is held. An empty queue
+// takes any decision.
+func (b *batcher) fits(reqs []*request) bool {
+	keys := 0
+	for _, r := range reqs {
+		keys += len(r.keys)
+	}
+	return len(b.queue) == 0 || b.waiting+len(reqs) <= b.maxQueue && b.keys+keys <= queuedCalls*maxCallKeys
+}
+
+// prune drops the waiting decisions whose callers have left; b.mu is held.
+func (b *batcher) prune() {
+	kept := b.queue[:0]
+	for _, p := range b.queue {
+		if expired(p.ctx) {
+			b.waiting, b.keys = b.waiting-len(p.reqs), b.keys-p.keys
+			continue
+		}
+		kept = append(kept, p)
+	}
+	if len(kept) < len(b.queue) && b.room != nil {
+		close(b.room)
+		b.room = nil
+	}
+	clear(b.queue[len(kept):])
+	b.queue = kept
 }
 
 // next starts a goroutine for the decisions that came while a call was in
@@ -161,20 +207,15 @@ func (b *batcher) take() []*pending {
 	for ; n < len(b.queue); n++ {
 		p := b.queue[n]
 		if expired(p.ctx) {
-			b.waiting -= len(p.reqs)
+			b.waiting, b.keys = b.waiting-len(p.reqs), b.keys-p.keys
 			continue
 		}
-		k, v := 0, 0
-		for _, r := range p.reqs {
-			rk, rv := r.callSize()
-			k, v = k+rk, v+rv
-		}
-		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+k > maxCallKeys || values+v > maxCallValues) {
+		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > maxCallKeys || values+p.values > maxCallValues) {
 			break
 		}
 		batch = append(batch, p)
-		reqs, keys, values = reqs+len(p.reqs), keys+k, values+v
-		b.waiting -= len(p.reqs)
+		reqs, keys, values = reqs+len(p.reqs), keys+p.keys, values+p.values
+		b.waiting, b.keys = b.waiting-len(p.reqs), b.keys-p.keys
 	}
 	clear(b.queue[:n]) // let the dropped and taken go
 	b.queue = b.queue[n:]
@@ -212,7 +253,9 @@ func (b *batcher) send(batch []*pending) {
 		c, sc = b.srv.client, crossSlotDecider
 	}
 	err := b.t.exchange(ctx, ours, b.srv, c, sc, reqs, out)
-	if refused, unsupported := refusedBatch(err); cross && refused {
+	if refused, unsupported := refusedBatch(err); cross && (refused || errors.Is(err, redis.ErrClosed)) {
+		// A closed node client is one go-redis dropped from its slot map:
+		// the Cluster client knows where the keys went.
 		if unsupported {
 			b.t.crossOff.Store(true)
 		}
@@ -231,8 +274,8 @@ func (b *batcher) send(batch []*pending) {
 // alone sends the requests of p, a decision of a Cluster batch that its
 // master refused, in a call of their own through the Cluster client.
 func (t *transport) alone(p *pending) batchReply {
-	if err := p.ctx.Err(); err != nil {
-		return batchReply{err: err}
+	if expired(p.ctx) {
+		return batchReply{err: context.DeadlineExceeded}
 	}
 	out := make([]reply, len(p.reqs))
 	srv, err := t.serverFor(p.ctx, p.reqs[0].keys[0])
@@ -243,22 +286,30 @@ func (t *transport) alone(p *pending) batchReply {
 }
 
 // callContext returns the context of a call for batch: the latest of its
-// decisions' deadlines (none if one has none), and whether the Limiter's
-// timeout set that deadline.
+// decisions' deadlines (none if one has none), with the values of the first
+// decision's ctx (a trace, say), and whether the Limiter's timeout set some
+// decision's deadline: then a call that deadline ends is a Redis failure,
+// for every deadline of the batch has passed by then, that one included.
 func callContext(batch []*pending) (context.Context, context.CancelFunc, bool) {
 	var latest time.Time
 	ours := false
 	for _, p := range batch {
 		d, ok := p.ctx.Deadline()
 		if !ok {
-			return context.Background(), noCancel, false
+			return context.WithoutCancel(batch[0].ctx), noCancel, false
 		}
-		if d.After(latest) {
-			latest, ours = d, p.ours
-		}
+		latest, ours = later(latest, d), ours || p.ours
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
 	return ctx, cancel, ours
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // refusedBatch reports whether a Cluster master refused a batch without

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -164,10 +163,7 @@ func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
 			return next(ctx, cmd)
 		}
-		// EVALSHA sha numkeys key... requests ...: see callArgs.
-		args := cmd.Args()
-		nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
-		nreqs, _ := strconv.Atoi(fmt.Sprint(args[3+nkeys]))
+		nreqs, _ := callShape(cmd.Args())
 		h.mu.Lock()
 		h.sizes = append(h.sizes, nreqs)
 		hold := len(h.sizes) <= h.hold

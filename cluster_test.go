@@ -53,7 +53,7 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 			var batch []*pending
 			for _, id := range tc.ids {
 				d := l.newTestDecision(id, limit)
-				batch = append(batch, &pending{ctx: ctx, reqs: d.reqs, done: make(chan batchReply, 1)})
+				batch = append(batch, newPending(ctx, false, d.reqs))
 			}
 			srv.batch.send(batch)
 			for i, p := range batch {

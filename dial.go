@@ -26,6 +26,7 @@ import (
 type dialErrors struct {
 	last   atomic.Pointer[dialError] // of any address
 	byAddr sync.Map                  // address -> *dialError
+	nodes  sync.Map                  // weak.Pointer[redis.Client] of a hooked node -> struct{}
 }
 
 type dialError struct {
@@ -89,24 +90,24 @@ func (d *dialErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 var recorders sync.Map // weak.Pointer[T] for the client's type T -> *dialErrors
 
 // dialRecorder returns the recorder of client, installing it on first use;
-// nil for a client type it cannot hook.
+// nil for a client type it cannot hook. A Cluster or Ring client dials
+// through the clients of its nodes, whose hooks are their own: the recorder
+// goes on each node as go-redis makes it, and on the nodes made before it
+// when the transport first routes to them (hookNode).
 func dialRecorder(client redis.UniversalClient) *dialErrors {
 	switch c := client.(type) {
 	case *redis.Client:
-		return recorderFor(c)
+		return recorderFor(c, func(d *dialErrors) { c.AddHook(d) })
 	case *redis.ClusterClient:
-		return recorderFor(c)
+		return recorderFor(c, func(d *dialErrors) { c.OnNewNode(d.hookNode) })
 	case *redis.Ring:
-		return recorderFor(c)
+		return recorderFor(c, func(d *dialErrors) { c.OnNewNode(d.hookNode) })
 	}
 	return nil
 }
 
-func recorderFor[T any, C interface {
-	*T
-	AddHook(redis.Hook)
-}](c C) *dialErrors {
-	key := weak.Make((*T)(c))
+func recorderFor[T any](c *T, install func(*dialErrors)) *dialErrors {
+	key := weak.Make(c)
 	if d, ok := recorders.Load(key); ok {
 		return d.(*dialErrors)
 	}
@@ -114,7 +115,20 @@ func recorderFor[T any, C interface {
 	if actual, loaded := recorders.LoadOrStore(key, d); loaded {
 		return actual.(*dialErrors)
 	}
-	c.AddHook(d)
-	runtime.AddCleanup((*T)(c), func(k weak.Pointer[T]) { recorders.Delete(k) }, key)
+	install(d)
+	runtime.AddCleanup(c, func(k weak.Pointer[T]) { recorders.Delete(k) }, key)
 	return d
+}
+
+// hookNode installs d on the client of a Cluster or Ring node, once.
+func (d *dialErrors) hookNode(node *redis.Client) {
+	if d == nil {
+		return
+	}
+	key := weak.Make(node)
+	if _, loaded := d.nodes.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	node.AddHook(d)
+	runtime.AddCleanup(node, func(k weak.Pointer[redis.Client]) { d.nodes.Delete(k) }, key)
 }

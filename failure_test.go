@@ -297,6 +297,46 @@ func TestConnectionRefused(t *testing.T) {
 	}
 }
 
+// On a Cluster too, a timeout names the master and quotes its last dial
+// error, and that master's alone: go-redis dials through each node's own
+// client, which the Limiter hooks as it meets them.
+func TestConnectionRefusedCluster(t *testing.T) {
+	c := redistest.StartClusterWithReplicas(t, 3, 0)
+	addrs := c.Addrs()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	e := env{client: cc, clock: clock.NewFake(epoch), prefix: t.Name()}
+	limit := ratelimit.PerSecond(10)
+	// an id on each master, found before one dies
+	onMaster := map[string]string{}
+	for i := 0; len(onMaster) < len(addrs); i++ {
+		id := fmt.Sprint("id-", i)
+		node, err := cc.MasterForKey(context.Background(), e.key(id, time.Second, e.windowIndex(time.Second)))
+		require.NoError(t, err)
+		onMaster[node.Options().Addr] = id
+	}
+	l := ratelimit.New(cc, ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix), ratelimit.WithTimeout(250*time.Millisecond),
+		ratelimit.WithFailurePolicy(ratelimit.FailClosed), ratelimit.WithCircuitBreaker(0, 0), ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	for _, id := range onMaster { // the nodes the Limiter will use
+		_, err := l.Allow(context.Background(), id, limit)
+		require.NoError(t, err)
+	}
+	victim := c.Masters()[0].Addr
+	c.Masters()[0].Stop()
+	_, err := l.Allow(context.Background(), onMaster[victim], limit)
+	require.ErrorContains(t, err, "no reply within 250ms from "+victim)
+	require.ErrorContains(t, err, "last dial error")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	for addr, id := range onMaster {
+		if addr == victim {
+			continue
+		}
+		res, err := l.Allow(context.Background(), id, limit)
+		require.NoError(t, err, "a live master's id")
+		require.False(t, res.Degraded)
+	}
+}
+
 // The default error handler logs one line when Redis fails, then at most
 // one every 10 seconds, saying how many errors it left out.
 func TestDefaultErrorHandlerIsQuiet(t *testing.T) {

@@ -156,7 +156,7 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f foreign, lim
 			var batch []*pending
 			for _, id := range ids {
 				d := l.newTestDecision(id, limit)
-				batch = append(batch, &pending{ctx: ctx, reqs: d.reqs, done: make(chan batchReply, 1)})
+				batch = append(batch, newPending(ctx, false, d.reqs))
 			}
 			b.send(batch)
 			for i, p := range batch {

@@ -125,8 +125,8 @@ func better(r, b Result) bool {
 // ignores ctx deadlines (go-redis's default), a call that timed out leaves
 // the client's goroutine waiting until the client's ReadTimeout; with
 // batching, the goroutine sending a batch ends when no request is waiting;
-// and the first call to each server starts one that looks up its eviction
-// policy, within the Limiter's timeout.
+// and the first successful call to each server starts one that looks up
+// its eviction policy, within a second.
 type Limiter struct {
 	keyPrefix   string // the prefix, escaped, then ":{"
 	now         func() time.Time

@@ -119,10 +119,13 @@ func WithFailurePolicy(p FailurePolicy) Option {
 }
 
 // WithErrorHandler sets the function called with every Redis error a decision
-// meets, under either policy, with the id it was for. It runs on the
-// caller's goroutine, so it should be quick. The default logs through
-// log/slog's default logger, at most one line every 10 seconds, counting the
-// errors it left out. A nil fn restores the default.
+// meets, under any policy, with the id it was for. It runs on the caller's
+// goroutine, so it should be quick. It also gets, once per server, a warning
+// that is no failure: an error wrapping ErrEvictionPolicy, with an empty id
+// and a background ctx, from a goroutine of the Limiter's; tell it apart
+// with errors.Is. The default logs through log/slog's default logger,
+// failures at most one line every 10 seconds, counting the errors it left
+// out, and warnings always. A nil fn restores the default.
 func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = fn })
 }

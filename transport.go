@@ -38,6 +38,7 @@ type transport struct {
 	servers    sync.Map             // a Cluster master's address -> *server
 	crossOff   atomic.Bool          // the masters cannot run cross-slot scripts
 	nextReload atomic.Int64         // Unix ns before which the slot map is not reloaded again
+	checked    sync.Map             // names of the servers whose eviction policy was looked up
 }
 
 // server is one Redis server the transport sends calls to: the client's
@@ -47,8 +48,17 @@ type server struct {
 	client  redis.UniversalClient // a Cluster master's own client, where its batches go
 	breaker *breaker              // nil: none
 	batch   *batcher              // nil: each call alone
-	checked atomic.Bool           // its eviction policy was looked up
+	used    atomic.Int64          // Unix ns of its last use, to within usedGrain: a Cluster's only
 }
+
+// A Cluster's server that no decision has used for staleServer is forgotten:
+// its slots moved to another master (a failover, a resharding), or get no
+// traffic, and its breaker, open or not, says nothing any more. usedGrain is
+// how fresh server.used is kept, so that a decision seldom writes it.
+const (
+	staleServer = 10 * time.Second
+	usedGrain   = time.Second
+)
 
 // Bounds of one script call. Redis's Lua unpacks at most about 8,000 values
 // at once (the script's MGET takes every key of the call), and a call runs
@@ -144,12 +154,20 @@ func (t *transport) serverFor(ctx context.Context, key string) (*server, error) 
 		return nil, err
 	}
 	addr := node.Options().Addr
-	if s, ok := t.servers.Load(addr); ok && s.(*server).client == node {
-		return s.(*server), nil
+	now := time.Now().UnixNano()
+	if v, ok := t.servers.Load(addr); ok && v.(*server).client == node {
+		s := v.(*server)
+		if now-s.used.Load() > int64(usedGrain) {
+			s.used.Store(now)
+		}
+		return s, nil
 	}
 	// A master not seen before, or one whose client go-redis made anew (the
 	// node left the slot map and came back): its own breaker and batcher.
+	t.dials.hookNode(node)
+	t.forgetStale(now)
 	s := t.newServer(addr, node, t.maxBatch > 1, true)
+	s.used.Store(now)
 	for {
 		old, loaded := t.servers.LoadOrStore(addr, s)
 		if !loaded {
@@ -162,6 +180,17 @@ func (t *transport) serverFor(ctx context.Context, key string) (*server, error) 
 			return s, nil
 		}
 	}
+}
+
+// forgetStale drops the Cluster servers no decision has used for
+// staleServer.
+func (t *transport) forgetStale(now int64) {
+	t.servers.Range(func(addr, v any) bool {
+		if now-v.(*server).used.Load() > int64(staleServer) {
+			t.servers.CompareAndDelete(addr, v)
+		}
+		return true
+	})
 }
 
 // batcherOf returns the batcher of srv, or nil when its calls go alone.
@@ -202,8 +231,12 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 	if err != nil && !left && Unavailable(err) {
 		t.reload()
 	}
-	if err == nil && !srv.checked.Load() && srv.checked.CompareAndSwap(false, true) {
-		go t.checkEviction(srv)
+	if err == nil {
+		if _, seen := t.checked.Load(srv.name); !seen {
+			if _, seen := t.checked.LoadOrStore(srv.name, struct{}{}); !seen {
+				go t.checkEviction(srv)
+			}
+		}
 	}
 	return err
 }
@@ -272,12 +305,14 @@ func (t *transport) reload() {
 	t.cluster.ReloadState(context.Background())
 }
 
-// breakerOpen reports whether the breaker of any server is open or
-// probing.
+// breakerOpen reports whether the breaker of any server in use is open or
+// probing: a Cluster server unused for staleServer is not.
 func (t *transport) breakerOpen() bool {
 	open := t.one != nil && t.one.breaker.isOpen()
-	t.servers.Range(func(_, s any) bool {
-		open = open || s.(*server).breaker.isOpen()
+	now := time.Now().UnixNano()
+	t.servers.Range(func(_, v any) bool {
+		s := v.(*server)
+		open = open || now-s.used.Load() <= int64(staleServer) && s.breaker.isOpen()
 		return !open
 	})
 	return open
