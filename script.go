@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"crypto/sha1"
+	"hash/maphash"
 	_ "embed" // for the script source
 	"encoding/hex"
 	"errors"
@@ -108,10 +109,17 @@ type reply struct {
 
 // callArgs appends the EVALSHA command of sc for reqs to args: the
 // arguments point into reqs, which must not change until the call is done.
-// The first request's keys are declared as KEYS; with cross set (a batch on
-// a Cluster master, whose requests' keys are in several slots) the others go
-// in ARGV, where Redis does not check that they share a slot.
+// One request against one sliding limit whose denial is not counted, the
+// common decision, goes in the script's short form. Otherwise the first
+// request's keys are declared as KEYS; with cross set (a batch on a Cluster
+// master, whose requests' keys are in several slots) the others go in ARGV,
+// where Redis does not check that they share a slot.
 func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
+	if r := reqs[0]; len(reqs) == 1 && r.short() {
+		a := &r.limits[0]
+		return append(args, "evalsha", sc.sha, smallInts[2], &r.keys[0], &r.keys[1],
+			&r.cost, &a.rate, &a.weight, &a.window, &a.ttl)
+	}
 	declared := 0
 	for i, r := range reqs {
 		if i == 0 || !cross {
@@ -129,7 +137,10 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 			args = append(args, &r.keys[k])
 		}
 	}
-	args = append(args, intArg(len(reqs)), intArg(extra))
+	args = append(args, intArg(len(reqs)), intArg(extra), smallInts[0])
+	if repeats(reqs) {
+		args[len(args)-1] = smallInts[1]
+	}
 	if extra > 0 {
 		for _, r := range reqs[1:] {
 			for k := range r.keys {
@@ -145,6 +156,52 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 		}
 	}
 	return args
+}
+
+// keySeed hashes keys for repeats.
+var keySeed = maphash.MakeSeed()
+
+// repeats reports whether a key appears in more than one of reqs (a
+// request's own keys never repeat: its limits' windows differ), so that the
+// script must show each request the counts the ones before it wrote; a
+// batch of distinct ids spares it that table. Two keys whose 64-bit hashes
+// collide count as a repeat, which costs the script a little, never a
+// wrong count.
+func repeats(reqs []*request) bool {
+	if len(reqs) < 2 {
+		return false
+	}
+	n := 0
+	for _, r := range reqs {
+		n += len(r.keys)
+	}
+	var small [256]uint64
+	set := small[:]
+	for len(set) < 2*n {
+		set = make([]uint64, 2*len(set))
+	}
+	mask := uint64(len(set) - 1)
+	for _, r := range reqs {
+		for _, k := range r.keys {
+			h := maphash.String(keySeed, k) | 1 // 0 marks an empty slot
+			for j := h & mask; ; j = (j + 1) & mask {
+				if set[j] == 0 {
+					set[j] = h
+					break
+				}
+				if set[j] == h {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// short reports whether r goes in the script's short form when alone in a
+// call: one sliding limit, and a denial that is not counted.
+func (r *request) short() bool {
+	return len(r.limits) == 1 && r.limits[0].window > 0 && r.countDenied == 0
 }
 
 // callSize returns what a request adds to a call: its keys, and its keys and
@@ -225,7 +282,7 @@ func (a *limitArgs) limit() Limit {
 // reply was lost (an EOF, a reset), but the script may have run and counted
 // the request: a second run would count it twice. A lost reply becomes a
 // failure for the policy to decide instead.
-type noRetry struct{ *redis.IntSliceCmd }
+type noRetry struct{ redis.Cmder }
 
 // NoRetry tells go-redis not to send the command twice.
 func (noRetry) NoRetry() bool { return true }
@@ -233,21 +290,62 @@ func (noRetry) NoRetry() bool { return true }
 // eval sends args, an EVALSHA command of sc with its SHA at args[1], and
 // EVAL with the source if the server does not have the script. A NOSCRIPT
 // reply means the script did not run, so sending it again cannot count
-// twice.
-func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any) ([]int64, error) {
-	cmd := redis.NewIntSliceCmd(ctx, args...)
-	cmd.SetFirstKeyPos(3)
-	err := c.Process(ctx, noRetry{cmd})
+// twice. It returns the reply's integers: for a call in the short form,
+// which replies with one integer when it can, the flag and the two counts
+// unpacked from it.
+func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short bool) ([]int64, error) {
+	send := func() (redis.Cmder, error) {
+		var cmd interface {
+			redis.Cmder
+			SetFirstKeyPos(int8)
+		}
+		if short {
+			cmd = redis.NewCmd(ctx, args...)
+		} else {
+			cmd = redis.NewIntSliceCmd(ctx, args...)
+		}
+		cmd.SetFirstKeyPos(3)
+		return cmd, c.Process(ctx, noRetry{cmd})
+	}
+	cmd, err := send()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		args[0], args[1] = "eval", sc.src
-		cmd = redis.NewIntSliceCmd(ctx, args...)
-		cmd.SetFirstKeyPos(3)
-		err = c.Process(ctx, noRetry{cmd})
+		cmd, err = send()
 	}
 	if err != nil {
 		return nil, classify(err)
 	}
-	return cmd.Val(), nil
+	if cmd, ok := cmd.(*redis.IntSliceCmd); ok {
+		return cmd.Val(), nil
+	}
+	return unpack(cmd.(*redis.Cmd).Val())
+}
+
+// packedCount is the bound of each count a short-form reply packs in one
+// integer: (current * packedCount + previous) * 2 + allowed.
+const packedCount = 1 << 26
+
+// unpack returns the integers of a short-form reply, which is one integer
+// (see packedCount) or the long form's list.
+func unpack(v any) ([]int64, error) {
+	switch v := v.(type) {
+	case int64:
+		if v < 0 || v >= 2*packedCount*packedCount {
+			return nil, fmt.Errorf("%w: %d", ErrBadReply, v)
+		}
+		return []int64{v & 1, (v >> 1) / packedCount, (v >> 1) % packedCount}, nil
+	case []any:
+		vals := make([]int64, len(v))
+		for i, x := range v {
+			n, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: %v", ErrBadReply, v)
+			}
+			vals[i] = n
+		}
+		return vals, nil
+	}
+	return nil, fmt.Errorf("%w: a %T where a number or a list was due", ErrBadReply, v)
 }
 
 // errNoScripting says that the server does not run Lua scripts at all.

@@ -246,9 +246,10 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 // deadline itself, the call goes on in watch's goroutine after it, until
 // the client gives up, and its late reply is dropped there.
 func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+	short := len(reqs) == 1 && reqs[0].short()
 	run := func(ctx context.Context) ([]int64, error) {
 		var buf [24]any
-		return eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider))
+		return eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider), short)
 	}
 	var vals []int64
 	var err error

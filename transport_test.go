@@ -108,59 +108,14 @@ func TestServerWithoutScripting(t *testing.T) {
 }
 
 // callShape returns the number of requests and keys of a script call from
-// its arguments (see callArgs): the short form is one request of two keys.
+// its arguments (see callArgs): the short form, of five arguments, is one
+// request of two keys.
 func callShape(args []any) (reqs, keys int) {
 	nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
-	reqs, _ = strconv.Atoi(fmt.Sprint(args[3+nkeys]))
-	if reqs == 0 {
+	if len(args)-3-nkeys == 5 {
 		return 1, nkeys
 	}
+	reqs, _ = strconv.Atoi(fmt.Sprint(args[3+nkeys]))
 	extra, _ := strconv.Atoi(fmt.Sprint(args[4+nkeys]))
 	return reqs, nkeys + extra
-}
-
-// A Cluster master that no decision uses any more (its slots moved to the
-// replica that replaced it) is forgotten after staleServer: its breaker,
-// which no probe will ever close, does not keep Stats().BreakerOpen true.
-func TestStaleClusterServerForgotten(t *testing.T) {
-	addrs := redistest.StartCluster(t, 3)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
-	l := New(cc, WithPrefix(t.Name()), WithTimeout(time.Minute))
-	for i := range 30 { // ids on every master
-		_, err := l.Allow(context.Background(), fmt.Sprint("id-", i), PerMinute(10))
-		require.NoError(t, err)
-	}
-	var servers []*server
-	l.t.servers.Range(func(_, v any) bool {
-		servers = append(servers, v.(*server))
-		return true
-	})
-	require.Len(t, servers, 3)
-	old := servers[0]
-	old.breaker.state.Store(open)
-	require.True(t, l.Stats().BreakerOpen)
-	old.used.Store(time.Now().Add(-staleServer - time.Second).UnixNano())
-	require.False(t, l.Stats().BreakerOpen, "an open breaker of a server no longer used")
-	l.t.forgetStale(time.Now().UnixNano())
-	_, kept := l.t.servers.Load(old.name)
-	require.False(t, kept, "forgotten")
-}
-
-// A batch's call ended by its deadline is a Redis failure when the
-// Limiter's timeout set the deadline of any decision it carries, not only
-// of the one whose deadline is the latest: all have passed by then.
-func TestCallContextOurs(t *testing.T) {
-	now := time.Now()
-	ours, cancel1 := context.WithDeadline(context.Background(), now.Add(time.Second))
-	defer cancel1()
-	theirs, cancel2 := context.WithDeadline(context.Background(), now.Add(2*time.Second))
-	defer cancel2()
-	ctx, cancel, isOurs := callContext([]*pending{newPending(ours, true, nil), newPending(theirs, false, nil)})
-	defer cancel()
-	require.True(t, isOurs)
-	d, _ := ctx.Deadline()
-	require.Equal(t, now.Add(2*time.Second), d, "the latest deadline")
-	_, _, isOurs = callContext([]*pending{newPending(theirs, false, nil)})
-	require.False(t, isOurs)
 }

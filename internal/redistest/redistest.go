@@ -140,6 +140,14 @@ func (s *Server) Stop() {
 	_ = s.cmd.Wait()
 }
 
+// PID returns the process id of the server, 0 if it is not running.
+func (s *Server) PID() int {
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Client returns a client of s that t closes when it ends.
 func (s *Server) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
