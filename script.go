@@ -3,11 +3,11 @@ package ratelimit
 import (
 	"context"
 	"crypto/sha1"
-	"hash/maphash"
 	_ "embed" // for the script source
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
 	"time"

@@ -2,15 +2,47 @@
 -- reads the clock and derives everything a Result reports besides; this
 -- script only reads the counts, decides and writes.
 --
--- A call carries one or more requests, decided in order, each against one
--- or more limits (a request is allowed only if every limit admits it).
+-- A key holds a count when it is absent (0) or a string INCRBY takes that is
+-- a decimal integer in [0, 2^53]. Anything else (another program's value, a
+-- key of another type) fails the request that reads it alone: it is denied,
+-- nothing of it is written, and its reply says -1 for that key, so that one
+-- foreign key decides no other request of the call. MGET reads a key of
+-- another type as absent: the keys it reads as absent are asked EXISTS.
+--
+-- A sliding limit admits a request when
+--   current + floor(previous * left / window) + cost <= rate.
+-- Go validates rate * window <= 2^53, so the product is exact in Lua's
+-- doubles. A strict limit admits it when the sum of its keys + cost <= rate.
+-- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
+-- of a key that exists; a new key is SET with its TTL, which outlives every
+-- window that reads it. Redis expires keys as of the script's start.
+--
+-- What the script costs Redis is mostly invoking it (Redis makes a Lua
+-- string of every key and argument), each redis.call, and the tables it
+-- builds: bench/scriptcost.sh measures it. Hence two forms.
+--
+-- The short form: one request against one sliding limit, not counted when
+-- denied (the common decision, with nothing to loop over).
+--   ARGV (exactly five): the cost (0 looks without counting), the rate, the
+--     ms left in the current window, the window in ms, the TTL in ms of a
+--     new key.
+--   KEYS: the current window's key and the previous one's.
+--   Reply: when both counts are below 2^26, one integer,
+--     (current * 2^26 + previous) * 2 + (1 if allowed else 0), which spares
+--     Redis a table; otherwise the long form's reply.
+--
+-- The long form: one or more requests, decided in order, each against one or
+-- more limits (a request is allowed only if every limit admits it).
 --   ARGV[1]: the number of requests.
 --   ARGV[2]: the number of keys that follow in ARGV, after those of KEYS:
 --     0 but for a batch on a Redis Cluster master, which declares only one
 --     slot's keys (Redis refuses declared keys of several slots) and passes
 --     the others here; the script, declared allow-cross-slot-keys, reads
---     them one by one before it writes anything, so that a key this master
---     does not serve fails the call before any write.
+--     them one by one with GET (which tells a key of another type by its
+--     WRONGTYPE) before it writes anything, so that a key this master does
+--     not serve fails the call before any write.
+--   ARGV[3]: 1 if a key may appear in more than one request, else 0: then
+--     each request sees the counts the ones before it wrote.
 --   Per request: its cost (0 looks without counting), its number of
 --     limits, and 1 if a denied request is counted too, else 0.
 --   Per limit of the request: its rate, then two numbers that say how to
@@ -21,48 +53,107 @@
 --         current first, each counted in full.
 --   KEYS, then the keys in ARGV: per request, per limit, its keys in that
 --     order.
--- Reply: per request, 1 if allowed else 0, then per limit its keys' counts
---   as they were before the request; -1 for a key that holds no count.
---
--- A key holds a count when it is absent (0) or a string INCRBY takes that
--- is a decimal integer in [0, 2^53]. Anything else (another program's value,
--- a key of another type) fails the request that reads it alone: it is
--- denied, nothing of it is written, and its reply says -1 for that key, so
--- that one foreign key decides no other request of the call.
---
--- A sliding limit admits a request when
---   current + floor(previous * left / window) + cost <= rate.
--- Go validates rate * window <= 2^53, so the product is exact in Lua's
--- doubles. A strict limit admits it when the sum of its keys + cost <= rate.
--- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
--- of a key that exists; a new key is SET with its TTL, which outlives every
--- window that reads it. Redis expires keys as of the script's start.
---
--- Denied under count-denied, each limit's current key grows by the cost up
--- to its rate; a request that some limit can never admit (its cost is above
--- that rate) is counted nowhere: it is a mistake, not a client to slow down.
+--   Denied under count-denied, each limit's current key grows by the cost up
+--   to its rate; a request that some limit can never admit (its cost is
+--   above that rate) is counted nowhere: a mistake, not a client to slow
+--   down.
+--   Reply: per request, 1 if allowed else 0, then per limit its keys' counts
+--     as they were before the request; -1 for a key that holds no count.
 
--- count returns the count a stored string holds, or nil if it holds none.
--- 2^53 has 16 digits: a longer string is more, and one of 16 digits is
--- compared as a string, since its double may have been rounded down to it.
-local function count(v)
-  if v == '0' then return 0 end
-  local n = #v
-  if (n < 16 or n == 16 and v <= '9007199254740992') and string.find(v, '^[1-9]%d*$') then
-    return tonumber(v)
+local call, tonumber, find, floor = redis.call, tonumber, string.find, math.floor
+local argv, keys = ARGV, KEYS
+
+if #argv == 5 then
+  local got = call('MGET', keys[1], keys[2])
+  local c, p = got[1], got[2]
+  local cur, prev = 0, 0
+  -- 2^53 has 16 digits: a longer string is more, and one of 16 digits is
+  -- compared as a string, since its double may have been rounded to 2^53.
+  if c then
+    local n = #c
+    if c == '0' or (n < 16 or n == 16 and c <= '9007199254740992') and find(c, '^[1-9]%d*$') then
+      cur = tonumber(c)
+    else
+      cur = -1
+    end
   end
-  return nil
+  if p then
+    local n = #p
+    if p == '0' or (n < 16 or n == 16 and p <= '9007199254740992') and find(p, '^[1-9]%d*$') then
+      prev = tonumber(p)
+    else
+      prev = -1
+    end
+  end
+  if not (c and p) and call('EXISTS', keys[1], keys[2]) > (c and 1 or 0) + (p and 1 or 0) then
+    -- a key of another type
+    if not c and call('EXISTS', keys[1]) == 1 then cur = -1 end
+    if not p and call('EXISTS', keys[2]) == 1 then prev = -1 end
+  end
+  local cost, ok = tonumber(argv[1]), false
+  if cost > 0 and cur >= 0 and prev >= 0
+      and cur + floor(prev * tonumber(argv[3]) / tonumber(argv[4])) + cost <= tonumber(argv[2]) then
+    if c then
+      call('INCRBY', keys[1], argv[1])
+    else
+      call('SET', keys[1], argv[1], 'PX', argv[5])
+    end
+    ok = true
+  end
+  if cur >= 0 and prev >= 0 and cur < 67108864 and prev < 67108864 then
+    return (cur * 67108864 + prev) * 2 + (ok and 1 or 0)
+  end
+  return {ok and 1 or 0, cur, prev}
 end
 
--- got[i] is keys[i]'s value: a string, false when the key is absent or of
--- another type (MGET cannot tell), or true when it is of another type.
-local keys, got, arg = KEYS, nil, 3
-if ARGV[2] == '0' then
-  got = redis.call('MGET', unpack(KEYS))
+-- num returns the number a string argument holds: the arguments of a
+-- batch repeat ('1', the rate, the window), and tonumber is dear.
+local nums = {}
+local function num(s)
+  local n = nums[s]
+  if not n then
+    n = tonumber(s)
+    nums[s] = n
+  end
+  return n
+end
+
+-- count returns the count a stored string holds, or -1; counts repeat too.
+local counts = {}
+local function count(v)
+  local c = counts[v]
+  if c then return c end
+  local n = #v
+  if v == '0' or (n < 16 or n == 16 and v <= '9007199254740992') and find(v, '^[1-9]%d*$') then
+    c = tonumber(v)
+  else
+    c = -1
+  end
+  counts[v] = c
+  return c
+end
+
+local got, arg, nkeys = nil, 4, #keys
+if argv[2] == '0' then
+  got = call('MGET', unpack(keys))
+  local absent, n = nil, 0
+  for i = 1, nkeys do
+    if not got[i] then
+      absent = absent or {}
+      n = n + 1
+      absent[n] = keys[i]
+    end
+  end
+  if n > 0 and call('EXISTS', unpack(absent)) > 0 then
+    for i = 1, nkeys do -- some key of another type: find which
+      if not got[i] and call('EXISTS', keys[i]) == 1 then got[i] = true end
+    end
+  end
 else
-  keys, got = {}, {}
-  for i = 1, #KEYS do keys[i] = KEYS[i] end
-  for i = 1, tonumber(ARGV[2]) do keys[#keys + 1] = ARGV[2 + i] end
+  local all = {}
+  for i = 1, nkeys do all[i] = keys[i] end
+  for i = 1, tonumber(argv[2]) do all[nkeys + i] = argv[3 + i] end
+  keys, got = all, {}
   for i = 1, #keys do
     local v = redis.pcall('GET', keys[i])
     if type(v) == 'table' and v.err then
@@ -71,71 +162,42 @@ else
     end
     got[i] = v
   end
-  arg = 3 + tonumber(ARGV[2])
+  arg = 4 + tonumber(argv[2])
 end
--- counts written by earlier requests of this call, by key
-local written = ARGV[1] ~= '1' and {} or nil
-local reply = {}
+local written = argv[3] == '1' and {} or nil -- counts written by earlier requests of this call, by key
+local reply, nreply = {}, 0
 local key = 1
-for _ = 1, tonumber(ARGV[1]) do
-  local cost = tonumber(ARGV[arg])
-  local limits = tonumber(ARGV[arg + 1])
-  local count_denied = ARGV[arg + 2] == '1'
-  local flag = #reply + 1
+for _ = 1, num(argv[1]) do
+  local cost = num(argv[arg])
+  local limits = num(argv[arg + 1])
+  local count_denied = argv[arg + 2] == '1'
+  nreply = nreply + 1
+  local flag = nreply
   local allowed = cost > 0
   reply[flag] = 0
   local k, a = key, arg + 3
   local bad, never = false, false
-  local absent = nil -- keys read as absent, which may be of another type
   for _ = 1, limits do
-    local rate, weight, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local nkeys = window > 0 and 2 or weight
-    local usage = 0
-    for j = k, k + nkeys - 1 do
-      local c = written and written[keys[j]]
+    local rate, weight, window = num(argv[a]), num(argv[a + 1]), num(argv[a + 2])
+    local nk = window > 0 and 2 or weight
+    local usage, c = 0, 0
+    for j = k, k + nk - 1 do
+      c = written and written[keys[j]]
       if not c then
         local v = got[j]
-        if v == true then
-          c = nil
-        elseif v then
-          c = count(v)
-        else
-          c = 0
-          if ARGV[2] == '0' then
-            absent = absent or {}
-            absent[#absent + 1] = keys[j]
-          end
-        end
+        if v == true then c = -1 elseif v then c = count(v) else c = 0 end
       end
-      if not c then
-        c, bad = -1, true
-      end
-      reply[#reply + 1] = c
+      if c < 0 then bad = true end
+      nreply = nreply + 1
+      reply[nreply] = c
       usage = usage + c
     end
-    if window > 0 then
-      local prev = reply[#reply]
-      usage = usage - prev + math.floor(prev * weight / window)
+    if window > 0 then -- c is the previous window's count
+      usage = usage - c + floor(c * weight / window)
     end
-    if usage + cost > rate then
-      allowed = false
-    end
+    if usage + cost > rate then allowed = false end
     if cost > rate then never = true end
-    k, a = k + nkeys, a + 4
-  end
-  if absent and not bad then
-    -- MGET reads a key of another type as absent: one that exists is
-    -- foreign, and would be overwritten by SET
-    if redis.call('EXISTS', unpack(absent)) > 0 then
-      bad = true
-      local r = flag + 1
-      for j = key, k - 1 do
-        if not (written and written[keys[j]]) and not got[j] and redis.call('EXISTS', keys[j]) == 1 then
-          reply[r] = -1
-        end
-        r = r + 1
-      end
-    end
+    k, a = k + nk, a + 4
   end
   if bad then allowed = false end
   if allowed or (count_denied and cost > 0 and not bad and not never) then
@@ -144,22 +206,22 @@ for _ = 1, tonumber(ARGV[1]) do
     local r = flag + 1
     k, a = key, arg + 3
     for _ = 1, limits do
-      local window = tonumber(ARGV[a + 2])
-      local nkeys = window > 0 and 2 or tonumber(ARGV[a + 1])
-      local cur, add, add_arg = reply[r], cost, ARGV[arg]
+      local window = num(argv[a + 2])
+      local nk = window > 0 and 2 or num(argv[a + 1])
+      local cur, add, add_arg = reply[r], cost, argv[arg]
       if not allowed then
-        add = math.max(0, math.min(cost, tonumber(ARGV[a]) - cur))
+        add = math.max(0, math.min(cost, num(argv[a]) - cur))
         add_arg = string.format('%d', add)
       end
       if add > 0 then
         if cur == 0 and not got[k] then
-          redis.call('SET', keys[k], add_arg, 'PX', ARGV[a + 3])
+          call('SET', keys[k], add_arg, 'PX', argv[a + 3])
         else
-          redis.call('INCRBY', keys[k], add_arg)
+          call('INCRBY', keys[k], add_arg)
         end
         if written then written[keys[k]] = cur + add end
       end
-      r, k, a = r + nkeys, k + nkeys, a + 4
+      r, k, a = r + nk, k + nk, a + 4
     end
   end
   if allowed then reply[flag] = 1 end
