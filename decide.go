@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
 // decision is one call of AllowN, AllowAll, Peek or PeekAll on its way
 // through the Limiter: its limits placed on the clock (spans), the requests
 // it sends (one for the enforced limits, one for each Shadow limit), their
-// replies, and its results. It belongs to its caller's goroutine: what goes
-// to Redis is only read by the transport, and replies come back by value. A
-// decision of one limit keeps all of it in its own arrays: one allocation.
+// replies, and its results. It belongs to its caller's goroutine, on whose
+// stack a decision of one limit lives (see one): what goes to Redis is
+// only read by the transport, and replies come back by value.
 type decision struct {
 	limits  []Limit
 	results []Result
@@ -28,29 +29,46 @@ type decision struct {
 	// deniedCounted: the script decided, and under WithCountDenied counted
 	// each denied request's cost (see sliding_window.lua).
 	deniedCounted bool
+}
 
-	event Event // what an Observer sees
+// one holds a decision of one limit, beside it on its caller's stack: a
+// decision cannot point into itself without going to the heap.
+type one struct {
+	limits  [1]Limit
+	results [1]Result
+	spans   [1]span
+	replies [1]reply
+}
 
-	limitBuf  [1]Limit
-	resultBuf [1]Result
-	spanBuf   [1]span
-	reqBuf    [1]request
-	reqPtrBuf [1]*request
-	replyBuf  [1]reply
-	argBuf    [1]limitArgs
-	keyBuf    [2]string
+// decideOne makes the decision of one limit for id at cost n, or looks.
+func (l *Limiter) decideOne(ctx context.Context, id string, limit Limit, n int64, look bool) (Result, error) {
+	var o one
+	o.limits[0] = limit
+	d := decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
+	err := l.decide(ctx, &d, id, n, look)
+	return o.results[0], err
+}
+
+// wire is what a decision of one limit sends to Redis, in one allocation:
+// its request and what the call's arguments point to.
+type wire struct {
+	req  request
+	reqs [1]*request
+	args [1]limitArgs
+	keys [2]string
 }
 
 // span is one limit of a decision: where the clock stands in its windows,
 // which request carries it, and the counts that request's reply says the
 // script saw.
 type span struct {
-	at    int // index of the limit in the caller's list
-	limit Limit
-	pos   position
-	req   int // index in decision.reqs of the request that carries it
-	first int // index of its first key in that request's keys
-	seen  counts
+	at     int   // index of the limit in the caller's list
+	rate   int64 // the limit's Rate, or under FailLocal its share
+	shadow bool  // the limit's Shadow
+	pos    position
+	req    int // index in decision.reqs of the request that carries it
+	first  int // index of its first key in that request's keys
+	seen   counts
 }
 
 // decision.refused has a bit for each of up to MaxLimits limits.
@@ -64,9 +82,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if look {
 		n, d.cost = 1, 0 // a look is checked as a request of cost 1
 	}
-	if len(d.limits) == 1 {
-		d.results = d.resultBuf[:1]
-	} else {
+	if d.results == nil {
 		d.results = make([]Result, len(d.limits))
 	}
 	for i, limit := range d.limits {
@@ -75,7 +91,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if err := l.checkAll(id, d.limits, n); err != nil {
 		return err
 	}
-	l.build(d, id, l.now().UnixMilli())
+	reqs := l.build(d, id, l.now().UnixMilli())
 	if l.denied != nil && !look && l.denied.deny(id, d) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
@@ -84,7 +100,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if l.observer != nil {
 		start = time.Now()
 	}
-	err := l.t.do(ctx, d.reqs, d.replies)
+	err := l.t.do(ctx, reqs, d.replies)
 	if err == nil {
 		for _, r := range d.replies {
 			if r.err != nil {
@@ -136,45 +152,47 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 }
 
 // build places d's limits on the clock at Unix ms now and makes its
-// requests: for a look, one request of cost 0 for every limit; otherwise one
-// for the enforced limits (if any), and one for each Shadow limit, which is
-// counted when it alone admits the request.
-func (l *Limiter) build(d *decision, id string, now int64) {
-	if len(d.limits) == 1 {
-		s := &d.spanBuf[0]
-		*s = span{limit: d.limits[0], pos: locate(now, d.limits[0])}
-		d.spans = d.spanBuf[:1]
-		d.argBuf[0] = newLimitArgs(s.limit, s.pos)
-		r := &d.reqBuf[0]
-		*r = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, limits: d.argBuf[:1]}
-		r.keys = l.appendKeys(d.keyBuf[:0], id, s.pos)
-		d.reqPtrBuf[0] = r
-		d.reqs = d.reqPtrBuf[:1]
-		d.replies = d.replyBuf[:1]
-		return
+// requests, which it returns: for a look, one request of cost 0 for every
+// limit; otherwise one for the enforced limits (if any), and one for each
+// Shadow limit, which is counted when it alone admits the request. Nothing
+// it stores in d is loaded from d: d may be on its caller's stack (see
+// one), and Go's escape analysis tells no field of d from another.
+func (l *Limiter) build(d *decision, id string, now int64) []*request {
+	if len(d.spans) == 1 { // set up by decideOne
+		limit := d.limits[0]
+		pos := locate(now, limit)
+		d.spans[0] = span{rate: limit.Rate, shadow: limit.Shadow, pos: pos}
+		w := &wire{}
+		w.args[0] = newLimitArgs(limit, pos)
+		w.req = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, limits: w.args[:]}
+		w.req.keys = l.appendKeys(w.keys[:0], id, pos)
+		w.reqs[0] = &w.req
+		d.reqs = w.reqs[:]
+		return w.reqs[:]
 	}
-	d.spans = make([]span, len(d.limits))
+	spans := make([]span, len(d.limits))
 	enforced := &request{cost: d.cost, countDenied: l.countDenied}
-	d.reqs = append(d.reqs[:0], enforced)
+	reqs := []*request{enforced}
 	for i, limit := range d.limits {
 		r, at := enforced, 0
 		if limit.Shadow && d.cost > 0 {
-			r, at = &request{cost: d.cost, countDenied: l.countDenied}, len(d.reqs)
-			d.reqs = append(d.reqs, r)
+			r, at = &request{cost: d.cost, countDenied: l.countDenied}, len(reqs)
+			reqs = append(reqs, r)
 		}
-		s := &d.spans[i]
-		*s = span{at: i, limit: limit, pos: locate(now, limit), req: at, first: len(r.keys)}
+		s := &spans[i]
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), req: at, first: len(r.keys)}
 		r.limits = append(r.limits, newLimitArgs(limit, s.pos))
 		r.keys = l.appendKeys(r.keys, id, s.pos)
 		r.nlimits++
 	}
 	if len(enforced.limits) == 0 {
-		d.reqs = d.reqs[1:]
-		for i := range d.spans {
-			d.spans[i].req--
+		reqs = reqs[1:]
+		for i := range spans {
+			spans[i].req--
 		}
 	}
-	d.replies = make([]reply, len(d.reqs))
+	d.spans, d.reqs, d.replies = spans, reqs, make([]reply, len(reqs))
+	return reqs
 }
 
 // absorb copies the counts of each request's reply into its spans.
@@ -203,15 +221,15 @@ func (d *decision) derive() {
 		counted := allowed && !look
 		var added int64
 		if d.deniedCounted && !allowed && r.countDenied == 1 && !look && !d.never(s.req) {
-			added = max(0, min(r.cost, s.limit.Rate-s.seen[0])) // as the script adds
+			added = max(0, min(r.cost, s.rate-s.seen[0])) // as the script adds
 		}
-		res := s.result(n, counted, added)
-		fits := counted || s.pos.estimate(&s.seen)+n <= s.limit.Rate
+		res := s.result(d.limits[s.at], n, counted, added)
+		fits := counted || s.pos.estimate(&s.seen)+n <= s.rate
 		if !fits {
 			d.refused |= 1 << s.at
 		}
 		ok := counted || look && fits
-		if s.limit.Shadow {
+		if s.shadow {
 			res.Shadowed = !ok
 		} else if !ok {
 			d.allowed = false
@@ -238,21 +256,21 @@ func (d *decision) never(i int) bool {
 	return false
 }
 
-// result derives the Result of one limit from the counts the script saw, for
-// a request of cost n that this limit counted or not, and of which the
-// script added added to the current count even so (a denial counted).
-// Allowed is left to the decision.
-func (s *span) result(n int64, counted bool, added int64) Result {
+// result derives the Result of one limit, the span's, from the counts the
+// script saw, for a request of cost n that this limit counted or not, and of
+// which the script added added to the current count even so (a denial
+// counted). Allowed is left to the decision.
+func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 	c := s.seen
 	c[0] += added
-	r := Result{Limit: s.limit, Count: s.pos.estimate(&c)}
+	r := Result{Limit: limit, Count: s.pos.estimate(&c)}
 	if counted {
 		c[0] += n
 		r.Count += n
 	} else {
-		r.RetryAfter = s.pos.waitUntil(&c, s.limit.Rate-n)
+		r.RetryAfter = s.pos.waitUntil(&c, s.rate-n)
 	}
-	r.Remaining = max(0, s.limit.Rate-r.Count)
+	r.Remaining = max(0, s.rate-r.Count)
 	r.ResetAfter = s.pos.waitUntil(&c, 0)
 	return r
 }
@@ -271,16 +289,29 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 		}
 	}
 	if l.observer != nil {
-		e := &d.event // in the decision, already on the heap
-		*e = Event{Cost: d.cost, Results: d.results, Allowed: shadowed || d.allowed, Source: src, Duration: took, Err: redisErr}
-		e.Shadow = l.shadow
-		for _, limit := range d.limits {
-			e.Shadow = e.Shadow || limit.Shadow
-		}
-		if l.observeIDs {
-			e.ID = id
-		}
-		l.observer.Observe(ctx, e)
+		l.observe(ctx, d, id, src, took, redisErr, shadowed || d.allowed)
 	}
 	return err
+}
+
+// events are the Events observers see, reused: an Event is valid only
+// during the Observe call.
+var events = sync.Pool{New: func() any { return new(Event) }}
+
+// observe shows the Observer decision d as its caller gets it.
+func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr error, allowed bool) {
+	e := events.Get().(*Event)
+	e.results = append(e.results[:0], d.results...) // d may be on its caller's stack
+	*e = Event{Cost: d.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, results: e.results}
+	e.Shadow = l.shadow
+	for _, limit := range d.limits {
+		e.Shadow = e.Shadow || limit.Shadow
+	}
+	if l.observeIDs {
+		e.ID = id
+	}
+	l.observer.Observe(ctx, e)
+	clear(e.results)
+	*e = Event{results: e.results[:0]}
+	events.Put(e)
 }

@@ -35,14 +35,14 @@ func (c *denyCache) deny(id string, d *decision) bool {
 	denied := false
 	for i := range d.spans {
 		s := &d.spans[i]
-		if s.limit.Shadow {
+		if s.shadow {
 			return false
 		}
 		e, ok := c.table.get(id, s.pos)
 		if !ok {
 			continue
 		}
-		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.limit.Rate-cost {
+		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.rate-cost {
 			denied = true
 		}
 	}

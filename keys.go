@@ -57,8 +57,18 @@ func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 		window *= p.subs
 	}
 	n := p.keys()
+	// Exactly the keys' length: the head every key shares, then an index
+	// of at most as many digits as the longest of the first and the last.
+	size := len(l.keyPrefix) + escapedLen(id) + 2 + len(strconv.AppendInt(num[:0], window, 10)) + 1
+	if id == "" {
+		size += len(digest)
+	}
+	if p.subs != 0 {
+		size += 1 + len(strconv.AppendInt(num[:0], p.subs, 10))
+	}
+	index := max(len(strconv.AppendInt(num[:0], p.i, 10)), len(strconv.AppendInt(num[:0], p.i-int64(n-1), 10)))
 	var b strings.Builder
-	b.Grow(n * (len(l.keyPrefix) + escapedLen(id) + len(digest) + 2*len(num) + 4))
+	b.Grow(n * (size + index))
 	b.WriteString(l.keyPrefix)
 	if id == "" {
 		b.Write(digest[:])

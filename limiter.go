@@ -209,11 +209,7 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // when Redis cannot decide under FailClosed (ErrUnavailable). A cost above
 // limit.Rate is denied with RetryAfter InfDuration.
 func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
-	d := &decision{}
-	d.limits = d.limitBuf[:1]
-	d.limits[0] = limit
-	err := l.decide(ctx, d, id, n, false)
-	return d.results[0], err
+	return l.decideOne(ctx, id, limit, n, false)
 }
 
 // AllowAll decides a request of cost n by id against every limit at once. It
@@ -241,11 +237,7 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int
 // Allowed and RetryAfter are what a request of cost 1 would get now. Errors
 // are as for AllowN.
 func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
-	d := &decision{}
-	d.limits = d.limitBuf[:1]
-	d.limits[0] = limit
-	err := l.decide(ctx, d, id, 0, true)
-	return d.results[0], err
+	return l.decideOne(ctx, id, limit, 0, true)
 }
 
 // PeekAll reports where id stands against each limit, writing nothing:

@@ -23,10 +23,10 @@ func newLocalWindows(replicas int) *localWindows {
 	return &localWindows{replicas: int64(max(1, replicas)), table: newWindowTable(maxLocalEntries), seed: maphash.MakeSeed()}
 }
 
-// share returns the part of limit that this process enforces alone.
-func (w *localWindows) share(limit Limit) Limit {
-	limit.Rate = max(1, limit.Rate/w.replicas)
-	return limit
+// share returns the part of a limit's rate that this process enforces
+// alone.
+func (w *localWindows) share(rate int64) int64 {
+	return max(1, rate/w.replicas)
 }
 
 // decide decides d in this process, all or nothing, against each limit's
@@ -43,12 +43,12 @@ func (w *localWindows) decide(id string, d *decision) {
 	shard := w.table.lock(key)
 	for i := range d.spans {
 		s := &d.spans[i]
-		s.limit = w.share(s.limit)
+		s.rate = w.share(s.rate)
 		s.seen = counts{}
 		if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
 			s.seen, _ = e.at(s.pos)
 		}
-		if s.pos.estimate(&s.seen)+n > s.limit.Rate {
+		if s.pos.estimate(&s.seen)+n > s.rate {
 			d.replies[s.req].allowed = false
 		}
 	}
@@ -64,9 +64,6 @@ func (w *localWindows) decide(id string, d *decision) {
 	shard.mu.Unlock()
 	d.deniedCounted = false
 	d.derive()
-	for i := range d.results {
-		d.results[i].Limit = d.limits[i]
-	}
 }
 
 // key is the id, or for a longer id than maxCachedID a stand-in of

@@ -42,8 +42,7 @@ type Event struct {
 	// Cost is the request's cost; 0 for a look.
 	Cost int64
 	// Results are the decision's Results, one per limit, as the caller gets
-	// them. The slice is the caller's: an Observer must not keep or change
-	// it.
+	// them: a copy, reused after the call, which an Observer must not keep.
 	Results []Result
 	// Allowed is the answer the caller got.
 	Allowed bool
@@ -59,6 +58,8 @@ type Event struct {
 	// Err is the Redis error the failure policy decided on; nil when Redis
 	// decided.
 	Err error
+
+	results []Result // Results' storage, reused
 }
 
 // Observer sees every decision a Limiter makes, on the caller's goroutine,

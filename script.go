@@ -198,6 +198,18 @@ func repeats(reqs []*request) bool {
 	return false
 }
 
+// callLen returns the length of the command callArgs makes for reqs.
+func callLen(reqs []*request, cross bool) int {
+	if len(reqs) == 1 && reqs[0].short() {
+		return 10
+	}
+	n := 6
+	for _, r := range reqs {
+		n += len(r.keys) + 3 + 4*len(r.limits)
+	}
+	return n
+}
+
 // short reports whether r goes in the script's short form when alone in a
 // call: one sliding limit, and a denial that is not counted.
 func (r *request) short() bool {
@@ -294,23 +306,12 @@ func (noRetry) NoRetry() bool { return true }
 // which replies with one integer when it can, the flag and the two counts
 // unpacked from it.
 func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short bool) ([]int64, error) {
-	send := func() (redis.Cmder, error) {
-		var cmd interface {
-			redis.Cmder
-			SetFirstKeyPos(int8)
-		}
-		if short {
-			cmd = redis.NewCmd(ctx, args...)
-		} else {
-			cmd = redis.NewIntSliceCmd(ctx, args...)
-		}
-		cmd.SetFirstKeyPos(3)
-		return cmd, c.Process(ctx, noRetry{cmd})
-	}
-	cmd, err := send()
+	cmd := newScriptCmd(ctx, args, short)
+	err := c.Process(ctx, noRetry{cmd})
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		args[0], args[1] = "eval", sc.src
-		cmd, err = send()
+		cmd = newScriptCmd(ctx, args, short)
+		err = c.Process(ctx, noRetry{cmd})
 	}
 	if err != nil {
 		return nil, classify(err)
@@ -319,6 +320,19 @@ func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, 
 		return cmd.Val(), nil
 	}
 	return unpack(cmd.(*redis.Cmd).Val())
+}
+
+// newScriptCmd returns the command of a script call of args: one that takes
+// a short-form reply (an integer or a list) or a list of integers.
+func newScriptCmd(ctx context.Context, args []any, short bool) redis.Cmder {
+	if short {
+		cmd := redis.NewCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		return cmd
+	}
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
 // packedCount is the bound of each count a short-form reply packs in one

@@ -198,3 +198,53 @@ func evalshaStats(ctx context.Context, client *redis.Client) (calls, usec float6
 	}
 	return 0, 0, fmt.Errorf("no cmdstat_evalsha in %q", info)
 }
+
+// BenchmarkOneDecision is one goroutine deciding over 10,000 ids on a
+// real server, every request allowed: the Go side of a decision at low
+// concurrency, where no batch hides it. bare-evalsha is go-redis's own
+// EvalSha of the script with the keys and arguments the library builds, and
+// nothing around it: what a decision costs the client at the least.
+//
+//	go test -run '^$' -bench OneDecision -benchmem .
+func BenchmarkOneDecision(b *testing.B) {
+	srv := redistest.Start(b)
+	limit := PerMinute(1 << 30)
+	ids := make([]string, 10_000)
+	for i := range ids {
+		ids[i] = "client-" + strconv.Itoa(i)
+	}
+	for _, ctxAware := range []bool{true, false} {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: ctxAware})
+		b.Cleanup(func() { _ = client.Close() })
+		name := map[bool]string{true: "ctxclient", false: "default-client"}[ctxAware]
+		b.Run("limiter/"+name, func(b *testing.B) {
+			l := New(client, WithTimeout(time.Minute))
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				res, err := l.Allow(ctx, ids[i%len(ids)], limit)
+				if err != nil || !res.Allowed {
+					b.Fatal(res, err)
+				}
+			}
+		})
+		b.Run("bare-evalsha/"+name, func(b *testing.B) {
+			l := New(client)
+			ctx := context.Background()
+			sha := decider.sha.(string)
+			if err := client.ScriptLoad(ctx, decider.src.(string)).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			var keys [2]string
+			for i := 0; b.Loop(); i++ {
+				pos := locate(time.Now().UnixMilli(), limit)
+				a := newLimitArgs(limit, pos)
+				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), 1, a.rate, a.weight, a.window, a.ttl).Result()
+				if err != nil || v == nil {
+					b.Fatal(v, err)
+				}
+			}
+		})
+	}
+}

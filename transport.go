@@ -246,22 +246,24 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 // deadline itself, the call goes on in watch's goroutine after it, until
 // the client gives up, and its late reply is dropped there.
 func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
-	short := len(reqs) == 1 && reqs[0].short()
-	run := func(ctx context.Context) ([]int64, error) {
-		var buf [24]any
-		return eval(ctx, c, sc, callArgs(buf[:0], sc, reqs, sc == crossSlotDecider), short)
-	}
 	var vals []int64
 	var err error
 	if t.ctxAware || ctx.Done() == nil {
-		vals, err = run(ctx)
+		vals, err = send(ctx, c, sc, reqs)
 	} else {
-		vals, err = watch(ctx, run)
+		vals, err = watch(ctx, func(ctx context.Context) ([]int64, error) { return send(ctx, c, sc, reqs) })
 	}
 	if err != nil {
 		return err
 	}
 	return decodeReply(vals, reqs, out)
+}
+
+// send makes the script call of sc for reqs on c and returns its reply's
+// integers.
+func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
+	cross := sc == crossSlotDecider
+	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, cross)), sc, reqs, cross), len(reqs) == 1 && reqs[0].short())
 }
 
 // explain returns the error of a decision that Redis did not make, saying
