@@ -4,6 +4,8 @@
 //	bench run -addr 127.0.0.1:6379 -contender ours -scenario allowed -c 64 -duration 3s -flush
 //	bench mem -addr 127.0.0.1:6379 -contender ours -windows 2 -flush
 //	bench table results.jsonl...
+//	bench scriptcost round1.txt round2.txt...
+//	bench scriptcost -pattern 'one|batch16'
 //	bench list [-scenario denied]
 //	bench freeport
 //	bench ping -addr 127.0.0.1:6379
@@ -40,6 +42,8 @@ func main() {
 		err = mem(args)
 	case "table":
 		err = table(args)
+	case "scriptcost":
+		err = scriptcost(args)
 	case "list":
 		err = list(args)
 	case "freeport":
@@ -56,7 +60,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: bench run|mem|table|list|freeport|ping [flags]; bench CMD -h for flags")
+	fmt.Fprintln(os.Stderr, "usage: bench run|mem|table|scriptcost|list|freeport|ping [flags]; bench CMD -h for flags")
 	os.Exit(2)
 }
 
@@ -152,6 +156,42 @@ func table(files []string) error {
 		return errors.New("some runs failed; see the end of the table")
 	}
 	return nil
+}
+
+// scriptcost prints the table of the root module's BenchmarkScriptCost
+// from the outputs of go test -bench ScriptCost in files, one round each;
+// with -pattern, the -bench regexp that runs the cases its argument matches
+// instead.
+// bench/scriptcost.sh uses both.
+func scriptcost(args []string) error {
+	fs := flag.NewFlagSet("scriptcost", flag.ExitOnError)
+	pattern := fs.Bool("pattern", false, "print the -bench regexp that runs the cases the argument matches (a regexp; none: all) and exit")
+	_ = fs.Parse(args)
+	if *pattern {
+		if fs.NArg() > 1 {
+			return errors.New("scriptcost -pattern: one regexp at most")
+		}
+		fmt.Println(bench.ScriptCostPattern(fs.Arg(0)))
+		return nil
+	}
+	files := fs.Args()
+	if len(files) == 0 {
+		return errors.New("scriptcost: give the output of each round's go test -bench ScriptCost, one file a round")
+	}
+	var rounds [][]bench.ScriptCost
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		round, err := bench.ReadScriptCost(fh)
+		fh.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		rounds = append(rounds, round)
+	}
+	return bench.ScriptCostTable(os.Stdout, rounds)
 }
 
 // list prints the contenders' names, one a line: those that take part in
