@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -19,17 +18,6 @@ import (
 	"github.com/slidingwindow/ratelimit"
 	"github.com/stretchr/testify/require"
 )
-
-// The copy of the library's script that bare/ours sends must be the
-// library's script, or bare/ours is no ceiling of ours.
-func TestScriptCopy(t *testing.T) {
-	lib, err := os.ReadFile("../sliding_window.lua")
-	if err != nil {
-		t.Skipf("the library's script is not beside this module: %v", err)
-	}
-	require.Equal(t, string(lib), slidingWindowSource,
-		"bench/sliding_window.lua differs from ../sliding_window.lua: copy it, and update bareOurs.Allow if the arguments changed")
-}
 
 func TestHistogramQuantiles(t *testing.T) {
 	for _, tc := range []struct {
@@ -97,22 +85,31 @@ func TestContendersDecide(t *testing.T) {
 	}
 }
 
-// bare/ours writes exactly the keys the library writes, and so does the
-// same work on the server.
-func TestBareOursWritesTheLibrarysKeys(t *testing.T) {
-	keysOf := func(name string) []string {
-		mr := miniredis.RunT(t)
+// bare/incr counts in the key the library writes for the current window,
+// with the TTL the library gives it: its INCR and PEXPIRE are the bare
+// form of the library's write.
+func TestBareIncrWritesTheLibrarysKey(t *testing.T) {
+	mr := miniredis.RunT(t)
+	at := time.Now() // one window for both, whenever the test runs
+	ttls := map[string]map[string]time.Duration{}
+	for _, name := range []string{"ours", "bare/incr"} {
+		mr.FlushAll()
 		c, err := Lookup(name)
 		require.NoError(t, err)
 		env := newTestEnv(t, mr, ratelimit.PerMinute(10))
+		env.Now = func() time.Time { return at }
 		d, err := c.New(context.Background(), env)
 		require.NoError(t, err)
 		ok, err := d.Allow(context.Background(), "client-7")
 		require.NoError(t, err)
 		require.True(t, ok)
-		return mr.Keys()
+		ttls[name] = map[string]time.Duration{}
+		for _, k := range mr.Keys() {
+			ttls[name][k] = mr.TTL(k)
+		}
 	}
-	require.Equal(t, keysOf("ours"), keysOf("bare/ours"))
+	require.Len(t, ttls["ours"], 1)
+	require.Equal(t, ttls["ours"], ttls["bare/incr"])
 }
 
 func TestRunNoopAllocatesNothing(t *testing.T) {
@@ -170,7 +167,7 @@ func TestCheckFailsALimiterThatDoesNotLimit(t *testing.T) {
 
 func TestMeasureMemory(t *testing.T) {
 	addr := startRedis(t)
-	c, err := Lookup("bare/ours")
+	c, err := Lookup("ours")
 	require.NoError(t, err)
 	res, err := MeasureMemory(context.Background(), MemoryConfig{
 		Contender: c, Options: redis.Options{Addr: addr},

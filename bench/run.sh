@@ -49,11 +49,6 @@ trap cleanup EXIT
 echo "building..." >&2
 go build -o "$tmp/bench" ./cmd/bench
 bench=$tmp/bench
-stale_script=
-if ! cmp -s ../sliding_window.lua sliding_window.lua; then
-	stale_script="- WARNING: bench/sliding_window.lua differs from ../sliding_window.lua: bare/ours measures a copy that is not the library's script"
-	echo "$stale_script" >&2
-fi
 CONTENDERS=${CONTENDERS:-$("$bench" list | tr '\n' ' ')}
 
 # A port can be taken between freeport and the server's bind: try a few.
@@ -124,7 +119,6 @@ echo "- $(go version | sed 's/^go version //'), $("$REDIS_SERVER" --version | se
 echo "- Redis and the bench share the machine; no pinning. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "- $ROUNDS round(s) of $DURATION per run (after $WARMUP of warm-up), contenders interleaved; each run its own process;" \
 	"medians with (min–max) over rounds; go-redis PoolSize $( [ "$POOL" = 0 ] && echo "default (10 × GOMAXPROCS)" || echo "$POOL")"
-[ -n "$stale_script" ] && echo "$stale_script"
 echo "- each goroutine yields (runtime.Gosched) after each decision; one goroutine makes the scenario's first decisions" \
 	"before the others start (a connection, the scripts, the abuser past its limit)"
 echo "- allocs and bytes per decision are the whole process's runtime.MemStats deltas over the measured time, divided by decisions" \
