@@ -182,10 +182,14 @@ func TestMeasureMemory(t *testing.T) {
 }
 
 func TestTable(t *testing.T) {
-	lines := `{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":1000,"p50_us":10,"p99_us":20,"ok":true}
-{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":3000,"p50_us":12,"p99_us":30,"ok":true}
-{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":3,"decisions":100,"allowed":100,"decisions_per_s":2000,"p50_us":11,"p99_us":25,"ok":true}
-{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"slow":2,"redis_cpu_us_per_decision":7.25,"script_calls_per_decision":1,"ok":true}
+	// bare/incr ran in rounds 1 and 2 only: ours's ratios to it are those
+	// of rounds 1 and 2, each against its own round's.
+	lines := `{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":1000,"p50_us":10,"p99_us":20,"script_calls_per_decision":0.25,"script_us_per_decision":2,"ok":true}
+{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":3000,"p50_us":12,"p99_us":30,"script_calls_per_decision":0.25,"script_us_per_decision":3,"ok":true}
+{"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":3,"decisions":100,"allowed":100,"decisions_per_s":2000,"p50_us":11,"p99_us":25,"script_calls_per_decision":0.25,"script_us_per_decision":2.5,"ok":true}
+{"kind":"run","contender":"bare/incr","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":5000,"script_calls_per_decision":1,"script_us_per_decision":4,"ok":true}
+{"kind":"run","contender":"bare/incr","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":5000,"script_calls_per_decision":1,"script_us_per_decision":8,"ok":true}
+{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"slow":2,"redis_cpu_us_per_decision":7.25,"script_calls_per_decision":1,"script_us_per_decision":7,"ok":true}
 {"kind":"run","contender":"ours+denycache","scenario":"denied","concurrency":64,"round":1,"decisions":100,"denied":100,"degraded":3,"decisions_per_s":9000,"ok":false,"problem":"3 decisions degraded"}
 
 {"kind":"run","contender":"throttled","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"errors":3,"decisions_per_s":500,"ok":false,"problem":"3 calls failed"}
@@ -195,18 +199,25 @@ func TestTable(t *testing.T) {
 `
 	res, err := ReadResults(strings.NewReader(lines))
 	require.NoError(t, err)
-	require.Len(t, res.Runs, 6)
+	require.Len(t, res.Runs, 8)
 	require.Len(t, res.Memory, 3)
 	require.True(t, res.Failed())
 	var b strings.Builder
 	require.NoError(t, Table(&b, res))
 	out := b.String()
 	for _, want := range []string{
-		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) |",
-		"| ulule | 8 | 4,000 | 2.00× | 5.0 | 9.0 | 0.0 | 0 | 7.2 | 1.000 | 100.0% | 0.0% | 2 | 0 | 1 |",
-		"| ours+denycache | 64 | 9,000 | – |",
+		"| script calls/decision | script µs/call | call × bare/incr | script µs/decision | decision × bare/incr | allowed |",
+		// Script µs per call 8, 12, 10; against bare/incr's 4 and 8: 2 and
+		// 1.5 per call, 0.5 and 0.375 per decision.
+		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) | 0.0 | 0 | 0.0 | 0.250 | " +
+			"10.0 (8.0–12.0) | 1.75× (1.50–2.00) | 2.5 (2.0–3.0) | 0.44× (0.38–0.50) |",
+		"| bare/incr | 8 | 5,000 | 2.50× |",
+		"| 1.000 | 6.0 (4.0–8.0) | 1.00× | 6.0 (4.0–8.0) | 1.00× |",
+		"| ulule | 8 | 4,000 | 2.00× | 5.0 | 9.0 | 0.0 | 0 | 7.2 | 1.000 | 7.0 | 1.75× | 7.0 | 1.75× | 100.0% | 0.0% | 2 | 0 | 1 |",
+		// No script call: no time per call; no bare/incr in the scenario: no multiple.
+		"| throttled | 8 | 500 | 0.25× | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.000 | – | – | 0.0 | 0.00× |",
+		"| ours+denycache | 64 | 9,000 | – | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.000 | – | – | 0.0 | – |",
 		"| 0.0% | 100.0% | 0 | 3 | 1 (1 FAILED) |",
-		"| throttled | 8 | 500 | 0.25× |",
 		"1 (1 FAILED)",
 		"| ours | 132.8 | 1.00 | 265.8 | 2.00 |",
 		"| ulule | – | – | 119.1 | 1.00† |",

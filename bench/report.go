@@ -78,6 +78,15 @@ func (s spread) format(digits int) string {
 	return f(s.med) + " (" + f(s.lo) + "–" + f(s.hi) + ")"
 }
 
+// times prints the spread of a multiple: "med× (lo–hi)".
+func (s spread) times(digits int) string {
+	f := s.format(digits)
+	if med, rest, ok := strings.Cut(f, " "); ok {
+		return med + "× " + rest
+	}
+	return f + "×"
+}
+
 // groupThousands puts commas in the integer part of a formatted number.
 func groupThousands(s string) string {
 	intPart, frac, _ := strings.Cut(s, ".")
@@ -113,8 +122,9 @@ func Table(w io.Writer, res Results) error {
 		}
 		b.WriteString("\n\n")
 		b.WriteString("| contender | goroutines | decisions/s | vs ours | p50 µs | p99 µs | allocs/decision | B/decision | " +
-			"Redis CPU µs/decision | script calls/decision | allowed | denied | > 100 ms | degraded | rounds |\n")
-		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			"Redis CPU µs/decision | script calls/decision | script µs/call | call × " + BareCounter + " | " +
+			"script µs/decision | decision × " + BareCounter + " | allowed | denied | > 100 ms | degraded | rounds |\n")
+		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, conc := range concurrencies(res, sc.Name) {
 			base := spreadOf(pick(res.Runs, sc.Name, conc, "ours", perSecond)).med
 			for _, name := range order {
@@ -147,17 +157,19 @@ func Table(w io.Writer, res Results) error {
 					rounds += fmt.Sprintf(" (%d FAILED)", bad)
 				}
 				redisCPU, calls := "–", "–"
+				script := [4]string{"–", "–", "–", "–"}
 				if c, err := Lookup(name); err != nil || !c.Offline {
 					redisCPU = get(func(r RunResult) float64 { return r.RedisCPUPerDecision }).format(1)
 					calls = get(func(r RunResult) float64 { return r.ScriptCallsPerDecision }).format(3)
+					script = scriptCells(runs, filter(res.Runs, sc.Name, conc, BareCounter))
 				}
-				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n",
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n",
 					name, conc, rate.format(0), vs,
 					get(func(r RunResult) float64 { return r.P50 }).format(1),
 					get(func(r RunResult) float64 { return r.P99 }).format(1),
 					get(func(r RunResult) float64 { return r.AllocsPerDecision }).format(1),
 					get(func(r RunResult) float64 { return r.BytesPerDecision }).format(0),
-					redisCPU, calls,
+					redisCPU, calls, script[0], script[1], script[2], script[3],
 					share(allowed, decisions), share(denied, decisions), slow, degraded, rounds)
 			}
 		}
@@ -214,6 +226,57 @@ func Table(w io.Writer, res Results) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// BareCounter is the contender whose Redis time per script call the table
+// weighs every row's against: INCR and PEXPIRE, the least a counter costs.
+const BareCounter = "bare/incr"
+
+// scriptCells returns the table's script cells for runs, the rounds of one
+// row: Redis's µs per script call (rounds with no call left out) and its
+// multiple of bare's per call, then µs per decision and its multiple of
+// bare's per call (bare makes one call a decision). A multiple is taken
+// within each round, against bare's run of the same round, scenario and
+// goroutines, which ran moments apart; the cell is their median.
+func scriptCells(runs, bare []RunResult) [4]string {
+	var perCall, perDecision, xCall, xDecision []float64
+	for _, r := range runs {
+		perDecision = append(perDecision, r.ScriptUsPerDecision)
+		var base float64
+		if i := slices.IndexFunc(bare, func(b RunResult) bool { return b.Round == r.Round }); i >= 0 {
+			base, _ = bare[i].scriptUsPerCall()
+		}
+		if base > 0 {
+			xDecision = append(xDecision, r.ScriptUsPerDecision/base)
+		}
+		if us, ok := r.scriptUsPerCall(); ok {
+			perCall = append(perCall, us)
+			if base > 0 {
+				xCall = append(xCall, us/base)
+			}
+		}
+	}
+	cells := [4]string{"–", "–", "–", "–"}
+	for i, xs := range [][]float64{perCall, xCall, perDecision, xDecision} {
+		if len(xs) == 0 {
+			continue
+		}
+		if i%2 == 0 {
+			cells[i] = spreadOf(xs).format(1)
+		} else {
+			cells[i] = spreadOf(xs).times(2)
+		}
+	}
+	return cells
+}
+
+// scriptUsPerCall returns Redis's time per script call of r, in µs, and
+// false if r made none.
+func (r RunResult) scriptUsPerCall() (float64, bool) {
+	if r.ScriptCallsPerDecision <= 0 {
+		return 0, false
+	}
+	return r.ScriptUsPerDecision / r.ScriptCallsPerDecision, true
 }
 
 // Failed reports whether any run or measurement in res is not OK.

@@ -127,6 +127,10 @@ echo "- Redis CPU µs/decision: the server's CPU time (INFO cpu, user + system) 
 	"script calls/decision: EVAL and EVALSHA calls (INFO commandstats) per decision; > 100 ms: measured decisions slower than" \
 	"ratelimit.DefaultTimeout, summed over rounds; degraded: decisions the failure policy made (any fails the run); every ours*" \
 	"runs with WithTimeout(3s), go-redis's ReadTimeout, which bounds the other libraries"
+echo "- script µs/call and script µs/decision: the EVAL and EVALSHA usec of INFO commandstats (the scripts' run inside Redis," \
+	"wall time) over their calls, and over decisions; call × bare/incr and decision × bare/incr: the row's script µs per call," \
+	"and per decision, over bare/incr's per call (INCR+PEXPIRE, one call a decision) in the same round, scenario and" \
+	"goroutines, then the median of those per-round ratios"
 echo
 "$bench" table "$results" || failed=1
 
