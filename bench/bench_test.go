@@ -152,6 +152,9 @@ func TestRunCountsAndChecks(t *testing.T) {
 			require.Equal(t, res.Decisions, res.Allowed+res.Denied)
 			require.Positive(t, res.P99)
 			require.GreaterOrEqual(t, res.P99, res.P50)
+			if _, ok := processCPU(); ok {
+				require.Positive(t, res.ClientCPUPerDecision)
+			}
 		})
 	}
 }
@@ -189,7 +192,7 @@ func TestTable(t *testing.T) {
 {"kind":"run","contender":"ours","scenario":"allowed","concurrency":8,"round":3,"decisions":100,"allowed":100,"decisions_per_s":2000,"p50_us":11,"p99_us":25,"script_calls_per_decision":0.25,"script_us_per_decision":2.5,"ok":true}
 {"kind":"run","contender":"bare/incr","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":5000,"script_calls_per_decision":1,"script_us_per_decision":4,"ok":true}
 {"kind":"run","contender":"bare/incr","scenario":"allowed","concurrency":8,"round":2,"decisions":100,"allowed":100,"decisions_per_s":5000,"script_calls_per_decision":1,"script_us_per_decision":8,"ok":true}
-{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"slow":2,"redis_cpu_us_per_decision":7.25,"script_calls_per_decision":1,"script_us_per_decision":7,"ok":true}
+{"kind":"run","contender":"ulule","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"decisions_per_s":4000,"p50_us":5,"p99_us":9,"slow":2,"client_cpu_us_per_decision":31.5,"redis_cpu_us_per_decision":7.25,"script_calls_per_decision":1,"script_us_per_decision":7,"ok":true}
 {"kind":"run","contender":"ours+denycache","scenario":"denied","concurrency":64,"round":1,"decisions":100,"denied":100,"degraded":3,"decisions_per_s":9000,"ok":false,"problem":"3 decisions degraded"}
 
 {"kind":"run","contender":"throttled","scenario":"allowed","concurrency":8,"round":1,"decisions":100,"allowed":100,"errors":3,"decisions_per_s":500,"ok":false,"problem":"3 calls failed"}
@@ -209,14 +212,14 @@ func TestTable(t *testing.T) {
 		"| script calls/decision | script µs/call | call × bare/incr | script µs/decision | decision × bare/incr | allowed |",
 		// Script µs per call 8, 12, 10; against bare/incr's 4 and 8: 2 and
 		// 1.5 per call, 0.5 and 0.375 per decision.
-		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) | 0.0 | 0 | 0.0 | 0.250 | " +
+		"| ours | 8 | 2,000 (1,000–3,000) | 1.00× | 11.0 (10.0–12.0) | 25.0 (20.0–30.0) | 0.0 | 0 | 0.0 | 0.0 | 0.250 | " +
 			"10.0 (8.0–12.0) | 1.75× (1.50–2.00) | 2.5 (2.0–3.0) | 0.44× (0.38–0.50) |",
 		"| bare/incr | 8 | 5,000 | 2.50× |",
 		"| 1.000 | 6.0 (4.0–8.0) | 1.00× | 6.0 (4.0–8.0) | 1.00× |",
-		"| ulule | 8 | 4,000 | 2.00× | 5.0 | 9.0 | 0.0 | 0 | 7.2 | 1.000 | 7.0 | 1.75× | 7.0 | 1.75× | 100.0% | 0.0% | 2 | 0 | 1 |",
+		"| ulule | 8 | 4,000 | 2.00× | 5.0 | 9.0 | 0.0 | 0 | 31.5 | 7.2 | 1.000 | 7.0 | 1.75× | 7.0 | 1.75× | 100.0% | 0.0% | 2 | 0 | 1 |",
 		// No script call: no time per call; no bare/incr in the scenario: no multiple.
-		"| throttled | 8 | 500 | 0.25× | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.000 | – | – | 0.0 | 0.00× |",
-		"| ours+denycache | 64 | 9,000 | – | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.000 | – | – | 0.0 | – |",
+		"| throttled | 8 | 500 | 0.25× | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.0 | 0.000 | – | – | 0.0 | 0.00× |",
+		"| ours+denycache | 64 | 9,000 | – | 0.0 | 0.0 | 0.0 | 0 | 0.0 | 0.0 | 0.000 | – | – | 0.0 | – |",
 		"| 0.0% | 100.0% | 0 | 3 | 1 (1 FAILED) |",
 		"1 (1 FAILED)",
 		"| ours | 132.8 | 1.00 | 265.8 | 2.00 |",

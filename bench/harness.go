@@ -123,6 +123,11 @@ type RunResult struct {
 	// by Decisions: the whole process, go-redis's goroutines included.
 	AllocsPerDecision float64 `json:"allocs_per_decision"`
 	BytesPerDecision  float64 `json:"bytes_per_decision"`
+	// ClientCPUPerDecision is the bench process's CPU time (user and
+	// system, every thread: the contender, go-redis and the harness) over
+	// the measured time, in microseconds per decision; 0 where the system
+	// does not tell.
+	ClientCPUPerDecision float64 `json:"client_cpu_us_per_decision"`
 	// RedisCPUPerDecision is the server's CPU time (INFO cpu, user and
 	// system, every thread) over the measured time, in microseconds per
 	// decision: scripts, network and parsing. ScriptCallsPerDecision and
@@ -224,11 +229,13 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 		redisBefore, statsErr = readRedisStats(ctx, client)
 	}
 	runtime.ReadMemStats(&before)
+	cpuBefore, cpuOK := processCPU()
 	phase.Store(phaseMeasure)
 	start := time.Now()
 	time.Sleep(cfg.Duration)
 	phase.Store(phaseStop)
 	elapsed := time.Since(start)
+	cpuAfter, _ := processCPU()
 	runtime.ReadMemStats(&after)
 	if statsErr == nil {
 		redisAfter, statsErr = readRedisStats(ctx, client)
@@ -258,6 +265,9 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 	if res.Decisions > 0 {
 		res.AllocsPerDecision = float64(after.Mallocs-before.Mallocs) / float64(res.Decisions)
 		res.BytesPerDecision = float64(after.TotalAlloc-before.TotalAlloc) / float64(res.Decisions)
+		if cpuOK {
+			res.ClientCPUPerDecision = (cpuAfter - cpuBefore).Seconds() * 1e6 / float64(res.Decisions)
+		}
 	}
 	if n := float64(res.Decisions); n > 0 && statsErr == nil {
 		res.RedisCPUPerDecision = (redisAfter.cpuUs - redisBefore.cpuUs) / n
@@ -273,32 +283,51 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 // round; it counts only calls that start in phaseMeasure, but errors and
 // degraded decisions always. Nothing in it allocates but the Decider.
 //
-// After each decision it yields the processor (runtime.Gosched), as a
-// server's goroutine does between requests while it waits for the next one.
-// Without it, goroutines answered in a fraction of a microsecond without
-// Redis (a local deny cache) run back to back, each for a full time slice
-// of the scheduler, and a goroutine whose Redis reply has come waits behind
-// dozens of them, past the Limiter's default 100ms timeout: its decision is
-// then the failure policy's (degraded), which measures the bench, not the
-// limiter. Yielding costs well under a microsecond per decision; the noop
-// row shows it.
+// It models a server's goroutine, which gives up its processor between
+// requests because it blocks reading the next one. A decision that waited
+// (on Redis, or on the reply of a batch it joined) has given it up already,
+// and the goroutine goes on at once, as a server's whose next request has
+// come. A decision answered in the process without waiting (a local deny
+// cache, the no-op), shorter than localDecision, has not: the goroutine
+// then yields (runtime.Gosched) in place of the read it would have blocked
+// on. Without that, goroutines answered in a fraction of a microsecond run
+// back to back for whole time slices of the scheduler (10ms), and one whose
+// Redis reply has come waits behind dozens of them, hundreds of
+// milliseconds (ours+denycache, denied, 64 goroutines).
+//
+// The bench used to yield after every decision. That is not what a server
+// does, and it costs what a server does not pay: runtime.Gosched puts the
+// goroutine on the global run queue and, when a processor is idle (a
+// goroutine waiting on Redis leaves one idle), wakes a parked thread to
+// look for work, which finds none and parks again. At one goroutine that was
+// two futex calls, one more context switch and about 10µs more of the
+// bench's CPU per decision, taken from Redis on two shared cores (see
+// bench/README.md).
 func (w *worker) loop(ctx context.Context, d Decider, ids []string, i int, phase *atomic.Int32) {
 	for {
 		ph := phase.Load()
 		if ph == phaseStop {
 			return
 		}
-		w.decide(ctx, d, ids[i], ph == phaseMeasure)
+		took := w.decide(ctx, d, ids[i], ph == phaseMeasure)
 		if i++; i == len(ids) {
 			i = 0
 		}
-		runtime.Gosched()
+		if took < localDecision {
+			runtime.Gosched()
+		}
 	}
 }
 
+// localDecision is the latency under which a decision was answered without
+// waiting: well under any round trip to Redis (tens of microseconds on the
+// loopback), well over a decision made in the process (under a microsecond).
+const localDecision = 5 * time.Microsecond
+
 // decide makes one decision for id and tallies it: errors and degraded
-// decisions always, outcomes and latency only if measured.
-func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool) {
+// decisions always, outcomes and latency only if measured. It returns the
+// decision's latency.
+func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool) time.Duration {
 	t0 := time.Now()
 	ok, err := d.Allow(ctx, id)
 	took := time.Since(t0)
@@ -321,6 +350,7 @@ func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool
 		w.denied++
 		w.record(took)
 	}
+	return took
 }
 
 func (w *worker) record(took time.Duration) {

@@ -122,9 +122,9 @@ func Table(w io.Writer, res Results) error {
 		}
 		b.WriteString("\n\n")
 		b.WriteString("| contender | goroutines | decisions/s | vs ours | p50 µs | p99 µs | allocs/decision | B/decision | " +
-			"Redis CPU µs/decision | script calls/decision | script µs/call | call × " + BareCounter + " | " +
+			"client CPU µs/decision | Redis CPU µs/decision | script calls/decision | script µs/call | call × " + BareCounter + " | " +
 			"script µs/decision | decision × " + BareCounter + " | allowed | denied | > 100 ms | degraded | rounds |\n")
-		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, conc := range concurrencies(res, sc.Name) {
 			base := spreadOf(pick(res.Runs, sc.Name, conc, "ours", perSecond)).med
 			for _, name := range order {
@@ -163,12 +163,13 @@ func Table(w io.Writer, res Results) error {
 					calls = get(func(r RunResult) float64 { return r.ScriptCallsPerDecision }).format(3)
 					script = scriptCells(runs, filter(res.Runs, sc.Name, conc, BareCounter))
 				}
-				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n",
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n",
 					name, conc, rate.format(0), vs,
 					get(func(r RunResult) float64 { return r.P50 }).format(1),
 					get(func(r RunResult) float64 { return r.P99 }).format(1),
 					get(func(r RunResult) float64 { return r.AllocsPerDecision }).format(1),
 					get(func(r RunResult) float64 { return r.BytesPerDecision }).format(0),
+					get(func(r RunResult) float64 { return r.ClientCPUPerDecision }).format(1),
 					redisCPU, calls, script[0], script[1], script[2], script[3],
 					share(allowed, decisions), share(denied, decisions), slow, degraded, rounds)
 			}

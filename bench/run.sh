@@ -119,10 +119,13 @@ echo "- $(go version | sed 's/^go version //'), $("$REDIS_SERVER" --version | se
 echo "- Redis and the bench share the machine; no pinning. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "- $ROUNDS round(s) of $DURATION per run (after $WARMUP of warm-up), contenders interleaved; each run its own process;" \
 	"medians with (min–max) over rounds; go-redis PoolSize $( [ "$POOL" = 0 ] && echo "default (10 × GOMAXPROCS)" || echo "$POOL")"
-echo "- each goroutine yields (runtime.Gosched) after each decision; one goroutine makes the scenario's first decisions" \
-	"before the others start (a connection, the scripts, the abuser past its limit)"
-echo "- allocs and bytes per decision are the whole process's runtime.MemStats deltas over the measured time, divided by decisions" \
-	"(the noop row shows what the harness itself costs)"
+echo "- each goroutine decides again as soon as its decision returns, as a server's goroutine whose next request has come;" \
+	"it yields (runtime.Gosched) only after a decision answered in under 5µs without waiting (a local deny cache, the noop)," \
+	"in place of the read a server's goroutine would block on (a decision that waited on Redis gave up its processor already);" \
+	"one goroutine makes the scenario's first decisions before the others start (a connection, the scripts, the abuser past its limit)"
+echo "- allocs and bytes per decision are the whole process's runtime.MemStats deltas over the measured time, divided by decisions;" \
+	"client CPU µs/decision is the bench process's CPU time (getrusage, user + system, every thread) over the measured time," \
+	"divided by decisions (the noop row shows what the harness itself costs)"
 echo "- Redis CPU µs/decision: the server's CPU time (INFO cpu, user + system) over the measured time, divided by decisions;" \
 	"script calls/decision: EVAL and EVALSHA calls (INFO commandstats) per decision; > 100 ms: measured decisions slower than" \
 	"ratelimit.DefaultTimeout, summed over rounds; degraded: decisions the failure policy made (any fails the run); every ours*" \
