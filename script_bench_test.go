@@ -177,7 +177,7 @@ func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, tc script
 	if tc.bare {
 		cmd = redis.NewCmd(ctx, "evalsha", bareIncr.sha, 1, reqs[0].keys[0], reqs[0].limits[0].ttl)
 	} else {
-		cmd = redis.NewIntSliceCmd(ctx, callArgs(nil, decider, reqs, false)...)
+		cmd = redis.NewCmd(ctx, callArgs(nil, decider, reqs, false)...)
 	}
 	_ = pipe.Process(ctx, cmd)
 	return cmd
