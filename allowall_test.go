@@ -382,7 +382,7 @@ func testAllowAllMaxLimits(t *testing.T, e env) {
 
 	res, err = l.AllowAll(ctx, "id", limits, 1)
 	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
-	require.ErrorContains(t, err, "17 limits, more than MaxLimits (16)")
+	require.ErrorContains(t, err, "17 limits, more than 16")
 	require.Len(t, res, ratelimit.MaxLimits+1)
 	_, err = l.PeekAll(ctx, "id", limits)
 	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)

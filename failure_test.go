@@ -1,14 +1,11 @@
 package ratelimit_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -335,38 +332,6 @@ func TestConnectionRefusedCluster(t *testing.T) {
 		require.NoError(t, err, "a live master's id")
 		require.False(t, res.Degraded)
 	}
-}
-
-// The default error handler logs one line when Redis fails, then at most
-// one every 10 seconds, saying how many errors it left out.
-func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
-	var buf bytes.Buffer
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
-
-	clk := clock.NewFake(epoch)
-	l := ratelimit.New(downClient(t), ratelimit.WithClock(clk.Now))
-	allow := func(times int) {
-		for range times {
-			res, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(10))
-			require.NoError(t, err)
-			require.True(t, res.Degraded)
-		}
-	}
-	allow(100)
-	require.Equal(t, 1, strings.Count(buf.String(), "\n"), buf.String())
-	require.Contains(t, buf.String(), "errors_not_logged=0")
-
-	clk.Add(9 * time.Second)
-	allow(50)
-	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "a second line before 10s passed")
-
-	clk.Add(time.Second)
-	allow(1)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	require.Len(t, lines, 2)
-	require.Contains(t, lines[1], "errors_not_logged=149")
-	require.NotContains(t, buf.String(), "id=id", "ids can be secrets and are not logged")
 }
 
 // A call the Limiter stopped waiting for, on a client that ignores ctx

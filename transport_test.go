@@ -104,7 +104,7 @@ func TestServerWithoutScripting(t *testing.T) {
 	require.ErrorIs(t, err, errNoScripting)
 	require.ErrorContains(t, err, "does not run Lua scripts")
 	require.ErrorContains(t, err, "unknown command")
-	require.False(t, Unavailable(err), "a server without scripting is up: it opens no breaker")
+	require.False(t, IsOutage(err), "a server without scripting is up: it opens no breaker")
 }
 
 // callShape returns the number of requests and keys of a script call from

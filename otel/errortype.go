@@ -52,7 +52,7 @@ func errorType(err error) int {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout),
 		errors.As(err, &netErr) && netErr.Timeout():
 		return errTimeout
-	case ratelimit.Unavailable(err):
+	case ratelimit.IsOutage(err):
 		return errUnavailable
 	}
 	return errOther
