@@ -20,6 +20,7 @@ import (
 // has a memory limit and a policy that evicts live counts; it says nothing
 // for noeviction, for no memory limit, and where CONFIG is not granted.
 func TestEvictionPolicyWarning(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)

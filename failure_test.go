@@ -40,6 +40,7 @@ func slowClient(addr string, ctxAware bool) *redis.Options {
 }
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	for _, p := range policyCases {
 		t.Run(p.name, func(t *testing.T) {
 			h := &errorLog{}
@@ -56,6 +57,7 @@ func TestRedisDown(t *testing.T) {
 // not the client watches ctx deadlines itself: the Limiter stops waiting
 // for a client that does not.
 func TestRedisHangs(t *testing.T) {
+	t.Parallel()
 	const timeout = 50 * time.Millisecond
 	addr := redistest.Silent(t)
 	for _, ctxAware := range []bool{false, true} {
@@ -81,6 +83,7 @@ func TestRedisHangs(t *testing.T) {
 // A caller that gives up is not a Redis failure: its own error comes back,
 // with no decision and nothing for the error handler.
 func TestCallerContextDone(t *testing.T) {
+	t.Parallel()
 	client := newClient(t, &redis.Options{Addr: redistest.Silent(t)})
 	h := &errorLog{}
 	l := ratelimit.New(client, ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(time.Minute))
@@ -150,6 +153,7 @@ func (tc badReply) env(t *testing.T) env {
 // Redis errors that are not about the network, and replies of the wrong
 // shape, are failures too: decided by the policy, never a panic.
 func TestBadReplies(t *testing.T) {
+	t.Parallel()
 	for _, tc := range badReplies {
 		for _, p := range policyCases {
 			t.Run(tc.name+"/"+p.name, func(t *testing.T) {
@@ -172,6 +176,7 @@ func TestBadReplies(t *testing.T) {
 // that is not a count leave it closed, while as many BUSY or LOADING
 // replies open it.
 func TestBadRepliesAndTheBreaker(t *testing.T) {
+	t.Parallel()
 	const threshold = ratelimit.DefaultBreakerFailures
 	for _, tc := range badReplies {
 		t.Run(tc.name, func(t *testing.T) {
@@ -209,6 +214,7 @@ func TestBadRepliesAndTheBreaker(t *testing.T) {
 // handler, and a decision for another id is still made by Redis, under
 // every policy.
 func TestCorruptedKeyKeepsBreakerClosed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	limit := ratelimit.PerMinute(100)
 	for _, b := range singleServers(t) {
@@ -255,6 +261,7 @@ func TestCorruptedKeyKeepsBreakerClosed(t *testing.T) {
 // command outlasts the Limiter's timeout, and the error names both the
 // timeout and the last dial error (dial.go).
 func TestConnectionRefused(t *testing.T) {
+	t.Parallel()
 	addr := deadAddr(t)
 	limit := ratelimit.PerSecond(10)
 	decide := func(t *testing.T, opt *redis.Options, timeout time.Duration) (time.Duration, error) {
@@ -298,6 +305,7 @@ func TestConnectionRefused(t *testing.T) {
 // error, and that master's alone: go-redis dials through each node's own
 // client, which the Limiter hooks as it meets them.
 func TestConnectionRefusedCluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartClusterWithReplicas(t, 3, 0)
 	addrs := c.Addrs()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
