@@ -2,8 +2,8 @@ package ratelimit_test
 
 import (
 	"context"
-	"flag"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"slices"

@@ -460,12 +460,12 @@ func TestCountDeniedBlocksUntilSlower(t *testing.T) {
 		}
 		return fast, slow, firstSlow
 	}
-	fast, slow, first := run(t, false)
+	fast, slow, _ := run(t, false)
 	t.Logf("without: %d of 100 through at 20/s, %d of 25 at 5/s", fast, slow)
 	require.GreaterOrEqual(t, fast, 45)
 	require.GreaterOrEqual(t, slow, 24)
 
-	fast, slow, first = run(t, true)
+	fast, slow, first := run(t, true)
 	t.Logf("with: %d of 100 through at 20/s, %d of 25 at 5/s, the first %v after slowing", fast, slow, first)
 	require.Equal(t, 10, fast, "the first 10, then none")
 	// At 5 s the previous second holds 10 (its denials, up to the Rate):
