@@ -2,12 +2,10 @@ module github.com/slidingwindow/ratelimit/grpclimit
 
 go 1.26.0
 
-replace github.com/slidingwindow/ratelimit => ../
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/slidingwindow/ratelimit v0.0.0
+	github.com/slidingwindow/ratelimit v1.0.0
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
