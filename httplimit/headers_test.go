@@ -264,7 +264,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: name, Limit: limit}, nil)}, []ratelimit.Result{res})
+				setHeaders(h, AllHeaders, newPlan([]ratelimit.Limit{named(limit, name)}).policies, []ratelimit.Result{res})
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -298,12 +298,12 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 // mode let through, appear nowhere.
 func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 	ms := time.Millisecond
-	burst := Policy{Name: "burst", Limit: ratelimit.PerSecond(10)}
-	daily := Policy{Name: `"daily", \quota`, Limit: ratelimit.Limit{Rate: 10_000, Window: 24 * time.Hour}}
-	odd := Policy{Name: "naïve\tmix", Limit: ratelimit.Limit{Rate: 7, Window: 1500 * ms, Strict: true}}
-	unnamed := Policy{Limit: ratelimit.PerMinute(100)}
-	shadowed := func(p Policy) Policy { p.Shadow = true; return p }
-	plans := [][]Policy{
+	burst := named(ratelimit.PerSecond(10), "burst")
+	daily := ratelimit.Limit{Name: `"daily", \quota`, Rate: 10_000, Window: 24 * time.Hour}
+	odd := ratelimit.Limit{Name: "naïve\tmix", Rate: 7, Window: 1500 * ms, Strict: true}
+	unnamed := ratelimit.PerMinute(100)
+	shadowed := func(l ratelimit.Limit) ratelimit.Limit { l.Shadow = true; return l }
+	plans := [][]ratelimit.Limit{
 		{burst, daily},
 		{daily, burst},
 		{burst, unnamed, daily},
@@ -348,16 +348,15 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 		}},
 	}
 	for pi, given := range plans {
-		ps := make([]policy, len(given))
+		pl := newPlan(given)
+		require.NoError(t, pl.check("the test"))
+		ps := pl.policies
 		enforced := 0
-		for i, p := range given {
-			ps[i] = resolve(p, nil)
-			if !ps[i].limit.Shadow {
+		for _, p := range ps {
+			if !p.limit.Shadow {
 				enforced++
 			}
 		}
-		pl := newPlan(ps)
-		require.Empty(t, pl.check())
 		for _, o := range outcomes {
 			t.Run(fmt.Sprintf("plan %d %s", pi, o.name), func(t *testing.T) {
 				results := make([]ratelimit.Result, len(ps))
@@ -396,7 +395,11 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 					if p.limit.Shadow || res.Shadowed {
 						continue
 					}
-					sent := sfSent(p.name)
+					name := p.limit.Name
+					if name == "" {
+						name = policyName(p.limit)
+					}
+					sent := sfSent(name)
 					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.limit.Rate}, {"w", seconds(p.limit.Window)}}})
 					params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
 					if never {
@@ -500,7 +503,7 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: "p", Limit: tc.res.Limit}, nil)}, []ratelimit.Result{tc.res})
+			setHeaders(h, AllHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}).policies, []ratelimit.Result{tc.res})
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`
@@ -511,4 +514,10 @@ func TestResetSeconds(t *testing.T) {
 			require.Equal(t, rl, h.Get(HeaderRateLimit))
 		})
 	}
+}
+
+// named returns limit with its Name set to name.
+func named(limit ratelimit.Limit, name string) ratelimit.Limit {
+	limit.Name = name
+	return limit
 }
