@@ -18,8 +18,9 @@ import (
 // decisions that ratelimit.WithShadow let through, send none of them, so
 // that clients see nothing of a trial.
 const (
-	// HeaderLimit is the binding limit's rate: the limit with the least
-	// remaining on an allowed call, the one that denied on a denied call.
+	// HeaderLimit is the binding limit's rate: the one ratelimit.Binding
+	// picks among the enforced limits, the least remaining on an allowed
+	// call, the longest wait on a denied one.
 	HeaderLimit = "ratelimit-limit"
 	// HeaderRemaining is what is left of the binding limit's rate after
 	// this call.

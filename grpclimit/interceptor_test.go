@@ -427,7 +427,7 @@ func TestBadConfig(t *testing.T) {
 		want    string
 	}{
 		{"nil limiter", nil, valid, nil, "grpclimit: the Limiter is nil"},
-		{"invalid limit", l, ratelimit.Limit{Rate: 0, Window: time.Second}, nil, "rate 0 is below 1"},
+		{"invalid limit", l, ratelimit.Limit{Rate: 0, Window: time.Second}, nil, ": ratelimit: invalid limit: rate 0 is below 1"},
 		{"IPv6 prefix", l, valid, []grpclimit.Option{grpclimit.WithIPv6Prefix(129)}, "1 to 128 bits, not 129"},
 		{"metadata key", l, valid, []grpclimit.Option{grpclimit.WithTrustedMetadata("x client", netip.MustParsePrefix("10.0.0.0/8"))}, `not "x client"`},
 		{"binary key", l, valid, []grpclimit.Option{grpclimit.WithTrustedMetadata("x-ip-bin", netip.MustParsePrefix("10.0.0.0/8"))}, "binary and grpc- keys"},
@@ -438,7 +438,8 @@ func TestBadConfig(t *testing.T) {
 		{"method name", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"test.Echo/A": {valid}})}, `"test.Echo/A" is not a full method name`},
 		{"method limit", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {{Rate: 1}}})}, "/test.Echo/A: ratelimit: invalid limit"},
 		{"shared count", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {valid, ratelimit.PerSecond(5)}})}, "would share one count"},
-		{"too many limits", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": make([]ratelimit.Limit, ratelimit.MaxLimits+1)})}, "more than ratelimit.MaxLimits"},
+		{"too many limits", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": make([]ratelimit.Limit, 17)})}, "/test.Echo/A: ratelimit: invalid limit: 17 limits, more than 16"},
+		{"zero limit", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {valid, {}}})}, "/test.Echo/A: ratelimit: invalid limit: rate 0 is below 1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -465,8 +466,13 @@ func TestBadConfig(t *testing.T) {
 			require.Contains(t, strings.ReplaceAll(logs.String(), `\"`, `"`), tc.want)
 		})
 	}
+	// The error names the function it came from.
+	_, err := grpclimit.NewUnary(l, ratelimit.Limit{})
+	require.ErrorContains(t, err, "grpclimit: NewUnary: ratelimit: invalid limit")
+	_, err = grpclimit.NewStream(l, ratelimit.Limit{})
+	require.ErrorContains(t, err, "grpclimit: NewStream: ratelimit: invalid limit")
 	// Several mistakes are all named.
-	_, err := grpclimit.NewUnary(nil, ratelimit.Limit{}, grpclimit.WithIPv6Prefix(0))
+	_, err = grpclimit.NewUnary(nil, ratelimit.Limit{}, grpclimit.WithIPv6Prefix(0))
 	require.ErrorContains(t, err, "the Limiter is nil")
 	require.ErrorContains(t, err, "WithIPv6Prefix")
 	require.ErrorContains(t, err, "invalid limit")

@@ -146,10 +146,10 @@ func WithIPv6Prefix(bits int) Option {
 // (nil or empty) is not limited at all: no decision and no rate-limit
 // metadata, as for health checks.
 //
-// m is copied. A name that is not "/service/method", more than
-// ratelimit.MaxLimits limits for a method, an invalid limit
-// (ratelimit.Limit.Validate) or two limits of one method with the same
-// Window and Strict (they would share one count) is a configuration error.
+// m is copied. A name that is not "/service/method", or limits that
+// ratelimit.ValidateLimits rejects (more than 16, an invalid or zero Limit,
+// two of the same Window and Strict, which would share one count), is a
+// configuration error naming WithMethodLimits and the method.
 // WithMethodLimits given twice keeps the last m.
 func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
 	methods := make(map[string][]ratelimit.Limit, len(m))
@@ -183,18 +183,11 @@ func checkMethodLimits(name string, limits []ratelimit.Limit) error {
 	if !strings.HasPrefix(name, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
 		return fmt.Errorf("grpclimit: WithMethodLimits: %q is not a full method name (/pkg.Service/Method)", name)
 	}
-	if len(limits) > ratelimit.MaxLimits {
-		return fmt.Errorf("grpclimit: WithMethodLimits: %s has %d limits, more than ratelimit.MaxLimits (%d)", name, len(limits), ratelimit.MaxLimits)
+	if len(limits) == 0 {
+		return nil // not limited
 	}
-	for i, limit := range limits {
-		if err := limit.Validate(); err != nil {
-			return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
-		}
-		for _, other := range limits[:i] {
-			if other.Window == limit.Window && other.Strict == limit.Strict {
-				return fmt.Errorf("grpclimit: WithMethodLimits: %s: limits %v and %v have the same window and would share one count", name, other, limit)
-			}
-		}
+	if err := ratelimit.ValidateLimits(limits); err != nil {
+		return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
 	}
 	return nil
 }
