@@ -70,8 +70,8 @@ const (
 	// that name is empty.
 	PolicyKey = attribute.Key("ratelimit.policy")
 	// ErrorTypeKey is the kind of failure of a Redis call: "timeout",
-	// "unavailable", "bad_reply" or "other" (and "circuit_open", for which
-	// no call is made and so no duration recorded).
+	// "unavailable", "bad_reply" or "other". A decision of an open circuit
+	// breaker makes no call, and so records no duration and no error.type.
 	ErrorTypeKey = attribute.Key("error.type")
 )
 
@@ -228,10 +228,9 @@ func (o *Observer) attrs(name string) *policyAttrs {
 }
 
 // Observe records one decision: it implements ratelimit.Observer. It counts
-// the decision under the policy of the Result that decided (for a request
-// shadow mode let through, the one that would have denied it, with the
-// longest RetryAfter); records the Redis call's duration if one was made;
-// and counts each admitted Result at or above the near-limit fraction of its
+// the decision under the policy of the Result that decided (see
+// decidingPolicy); records the Redis call's duration if one was made; and
+// counts each admitted Result at or above the near-limit fraction of its
 // Rate, unless the decision was a look or the failure policy's.
 func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 	if len(e.Results) == 0 {
@@ -250,9 +249,10 @@ func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 	p := o.attrs(name)
 	o.decisions.Add(ctx, 1, p.decisions[denied][src][shadow]...)
 
-	// An open breaker refuses the call at once; the core still reports the
-	// few nanoseconds that took.
-	if e.Duration > 0 && (e.Err == nil || !errors.Is(e.Err, ratelimit.ErrCircuitOpen)) {
+	// The core reports no duration for a decision that made no Redis call:
+	// the deny cache's, and an open breaker's, whose Err wraps
+	// ratelimit.ErrCircuitOpen with a Duration of 0.
+	if e.Duration > 0 {
 		o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
 	}
 
@@ -272,32 +272,33 @@ func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 }
 
 // decidingPolicy returns the Limit.Name of the Result that decided, and
-// whether shadow mode let through a request some limit would have denied.
-// Then the deciding Result is the Shadowed one with the longest RetryAfter
-// (as ratelimit.Binding picks among denials); otherwise it is
-// ratelimit.Binding's.
+// whether shadow mode let through a request some limit would have denied
+// (some Result is Shadowed). The Result that decided is ratelimit.Binding's,
+// under ratelimit.WithShadow too (every Result then reads Allowed, and the
+// least remaining is a limit that would have denied). Only when it admitted
+// the request and is not Shadowed, while a Shadow limit would have denied
+// it, is the decision that limit's: a trial's would-be denials count under
+// the trial's name (of several, the one ratelimit.Binding picks among them).
 func decidingPolicy(results []ratelimit.Result) (name string, wouldDeny bool) {
-	best := -1
+	b := ratelimit.Binding(results)
 	for i := range results {
-		r := &results[i]
-		if !r.Shadowed {
-			continue
-		}
-		if best < 0 {
-			best = i
-			continue
-		}
-		if b := results[best].RetryAfter; b >= 0 && (r.RetryAfter < 0 || r.RetryAfter > b) {
-			best = i
+		if results[i].Shadowed {
+			wouldDeny = true
+			break
 		}
 	}
-	if best >= 0 {
-		return results[best].Limit.Name, true
+	if !wouldDeny || !b.Allowed || b.Shadowed {
+		return b.Limit.Name, wouldDeny
 	}
-	if len(results) == 1 {
-		return results[0].Limit.Name, false
+	// On the stack: a decision has at most 16 limits (ratelimit.ValidateLimits).
+	var buf [16]ratelimit.Result
+	trials := buf[:0]
+	for i := range results {
+		if results[i].Shadowed {
+			trials = append(trials, results[i])
+		}
 	}
-	return ratelimit.Binding(results).Limit.Name, false
+	return ratelimit.Binding(trials).Limit.Name, true
 }
 
 // ObserveLimiter reports l.Stats() through the gauges

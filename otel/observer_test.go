@@ -315,6 +315,46 @@ func TestShadowLimit(t *testing.T) {
 	require.Equal(t, map[string]uint64{"": 5}, m.redisCalls(), "one call per decision, the shadow limit's request with it")
 }
 
+// An enforced limit that denies names the decision, even when a Shadow
+// limit would have denied it too: the enforced one decided.
+func TestShadowLimitBesideADenial(t *testing.T) {
+	e := newEnv(t)
+	burst := ratelimit.PerSecond(2)
+	burst.Name = "burst"
+	trial := ratelimit.PerMinute(2)
+	trial.Name, trial.Shadow = "trial", true
+	for i := range 3 {
+		results, err := e.limiter.AllowAll(context.Background(), "client", []ratelimit.Limit{burst, trial}, 1)
+		require.NoError(t, err)
+		require.Equal(t, i < 2, results[0].Allowed)
+		require.Equal(t, i == 2, results[1].Shadowed)
+	}
+	require.Equal(t, map[string]int64{
+		"outcome=allowed,policy=burst,shadow=true,source=redis": 2,
+		"outcome=denied,policy=burst,shadow=true,source=redis":  1,
+	}, collect(t, e.reader).decisions())
+}
+
+// Under ratelimit.WithShadow the decision is named by ratelimit.Binding's
+// Result: every Result reads Allowed, and the least remaining is a limit
+// that would have denied.
+func TestShadowModeSeveralLimits(t *testing.T) {
+	e := newEnv(t, ratelimit.WithShadow(true))
+	minute := ratelimit.PerMinute(100)
+	minute.Name = "minute"
+	second := ratelimit.PerSecond(2)
+	second.Name = "second"
+	for range 3 {
+		results, err := e.limiter.AllowAll(context.Background(), "client", []ratelimit.Limit{minute, second}, 1)
+		require.NoError(t, err)
+		require.Equal(t, ratelimit.Binding(results).Shadowed, results[1].Shadowed)
+	}
+	require.Equal(t, map[string]int64{
+		"outcome=allowed,policy=second,shadow=true,source=redis": 2,
+		"outcome=denied,policy=second,shadow=true,source=redis":  1,
+	}, collect(t, e.reader).decisions())
+}
+
 // Of several limits, the one that decided names the decision: the
 // tightest while allowed, the one that denied after.
 func TestSeveralLimits(t *testing.T) {
