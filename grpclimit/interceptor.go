@@ -52,6 +52,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -252,7 +253,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 		}
 		return headerMD(set, results, bind), nil
 	}
-	return headerMD(set, results, bind), denied(set, results, bind)
+	return headerMD(set, results, bind), denied(bind)
 }
 
 // shadowedThrough reports a decision that ratelimit.WithShadow let
@@ -268,27 +269,22 @@ func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
 }
 
 // denied returns the status of a denied call: ResourceExhausted, with a
-// RetryInfo of the exact wait when a retry can pass and Redis decided.
-func denied(set *policySet, results []ratelimit.Result, bind ratelimit.Result) error {
-	name := bind.Limit.Name
-	for i, r := range results {
-		if r.Limit == bind.Limit {
-			name = set.policies[i].name
-			break
-		}
-	}
+// RetryInfo of the exact wait when a retry can pass and Redis decided. The
+// message names the limit as the metadata does.
+func denied(bind ratelimit.Result) error {
+	name := httplimit.PolicyName(bind.Limit)
 	switch {
 	case bind.Degraded:
 		// The wait of a local decision is this process's guess, not the
 		// shared count's: name none.
 		return status.Errorf(codes.ResourceExhausted,
-			"grpclimit: rate limit %q exceeded (decided locally while Redis is unavailable)", name)
+			"grpclimit: rate limit %s exceeded (decided locally while Redis is unavailable)", name)
 	case bind.RetryAfter < 0:
 		return status.Errorf(codes.ResourceExhausted,
-			"grpclimit: rate limit %q exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
+			"grpclimit: rate limit %s exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
 			name, bind.Limit.Rate, bind.Limit.Window)
 	}
-	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit %q exceeded; retry in %v", name, bind.RetryAfter.Round(time.Millisecond))
+	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit %s exceeded; retry in %v", name, bind.RetryAfter.Round(time.Millisecond))
 	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(bind.RetryAfter)}); err == nil {
 		st = withInfo
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/grpclimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
@@ -129,7 +130,7 @@ func TestSpoofing(t *testing.T) {
 		// A trusted hop that wrote garbage: every such call shares one count.
 		require.Equal(t, repeat(codes.OK, 3), callCodes(t, proxy, "A", 3, "x-forwarded-for", "198.51.100.1, unknown"))
 		require.Equal(t, codes.ResourceExhausted, call(t, proxy, "A", "x-forwarded-for", "_hidden").code)
-		res, err := e.limiter.Peek(t.Context(), grpclimit.UnknownClient, ratelimit.PerSecond(3))
+		res, err := e.limiter.Peek(t.Context(), httplimit.UnknownClient, ratelimit.PerSecond(3))
 		require.NoError(t, err)
 		require.Equal(t, int64(3), res.Count)
 	})

@@ -259,7 +259,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 		for _, limit := range limits {
 			name, sent := n.given, n.sent
 			if name == "" {
-				name, sent = policyName(limit), policyName(limit)
+				name, sent = derivedName(limit), derivedName(limit)
 			}
 			for _, res := range results {
 				res.Limit = limit
@@ -277,7 +277,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 					require.Empty(t, h.Values(HeaderRateLimit))
 					continue
 				}
-				params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+				params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
 				if res.RetryAfter < 0 { // can never pass: no t to retry at
 					params = params[:1]
 				}
@@ -397,11 +397,11 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 					}
 					name := p.limit.Name
 					if name == "" {
-						name = policyName(p.limit)
+						name = derivedName(p.limit)
 					}
 					sent := sfSent(name)
 					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.limit.Rate}, {"w", seconds(p.limit.Window)}}})
-					params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+					params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
 					if never {
 						params = params[:1]
 					}
@@ -432,7 +432,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				}
 				reset, err := strconv.ParseInt(h.Get(HeaderReset), 10, 64)
 				require.NoError(t, err)
-				require.Equal(t, resetSeconds(b), reset)
+				require.Equal(t, ResetSeconds(b), reset)
 				if b.Allowed {
 					require.Empty(t, h.Values(HeaderRetryAfter))
 					return
@@ -473,7 +473,15 @@ func TestPolicyName(t *testing.T) {
 		{ratelimit.Limit{Rate: 3, Window: 1500 * time.Millisecond}, "3-per-1500ms"},
 	}
 	for _, tc := range tests {
-		require.Equal(t, tc.want, policyName(tc.limit))
+		require.Equal(t, tc.want, derivedName(tc.limit))
+		require.Equal(t, `"`+tc.want+`"`, PolicyName(tc.limit))
+	}
+	for name, want := range map[string]string{
+		"burst":          `"burst"`,
+		`say "hi" \ bye`: `"say \"hi\" \\ bye"`,
+		"naïve\tmix":     `"na__ve_mix"`,
+	} {
+		require.Equal(t, want, PolicyName(named(ratelimit.PerMinute(100), name)), "%q", name)
 	}
 }
 
@@ -508,7 +516,7 @@ func TestResetSeconds(t *testing.T) {
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`
 			if tc.reset != "" {
-				require.Equal(t, tc.reset, strconv.FormatInt(resetSeconds(tc.res), 10))
+				require.Equal(t, tc.reset, strconv.FormatInt(ResetSeconds(tc.res), 10))
 				rl += ";t=" + tc.reset
 			}
 			require.Equal(t, rl, h.Get(HeaderRateLimit))

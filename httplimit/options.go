@@ -158,8 +158,10 @@ func WithClientIPHeader(header string, from ...netip.Prefix) Option {
 }
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
-// its key (default DefaultIPv6Prefix, 64): every address in one such prefix
-// shares a count. bits outside 1..128 is a configuration error (see New).
+// its key (default 64, the smallest network an ISP hands out, in which a
+// host picks any address freely): every address in one such prefix shares a
+// count (see ClientKey). bits outside 1..128 is a configuration error (see
+// New).
 func WithIPv6Prefix(bits int) Option {
 	return optionFunc(func(c *config) {
 		if bits < 1 || bits > 128 {
@@ -182,7 +184,7 @@ func WithIPv6Prefix(bits int) Option {
 //	httplimit.New(limiter, burst, httplimit.WithLimits(daily))
 //
 // Each limit's Name names it in the IETF headers; a limit with no Name is
-// given one there, as in "100-per-60s". The headers list
+// given one there, as in "100-per-60s" (see PolicyName). The headers list
 // every enforced limit (see Middleware). The plan must be one that
 // ratelimit.ValidateLimits accepts (at most 16 limits, no two of the same
 // Window and Strict, which would share one count), with no zero Limit and

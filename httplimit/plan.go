@@ -10,7 +10,7 @@ import (
 // policy is one limit of a plan, with its name quoted once for the IETF
 // headers.
 type policy struct {
-	quoted string // limit.Name, or one derived from it, as sent
+	quoted string // PolicyName(limit)
 	limit  ratelimit.Limit
 }
 
@@ -26,11 +26,7 @@ type plan struct {
 func newPlan(limits []ratelimit.Limit) *plan {
 	pl := &plan{policies: make([]policy, len(limits)), limits: limits}
 	for i, limit := range limits {
-		name := limit.Name
-		if name == "" {
-			name = policyName(limit)
-		}
-		pl.policies[i] = policy{quoted: sfString(name), limit: limit}
+		pl.policies[i] = policy{quoted: PolicyName(limit), limit: limit}
 	}
 	return pl
 }
