@@ -19,8 +19,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/clock"
-	"github.com/slidingwindow/ratelimit/internal/redistest"
 	ratelimitotel "github.com/slidingwindow/ratelimit/otel"
 )
 
@@ -31,7 +29,7 @@ var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 type env struct {
 	mr      *miniredis.Miniredis
 	client  *redis.Client
-	clk     *clock.Fake
+	clk     *fakeClock
 	reader  *sdkmetric.ManualReader
 	obs     *ratelimitotel.Observer
 	limiter *ratelimit.Limiter
@@ -46,7 +44,7 @@ func newEnv(t *testing.T, opts ...ratelimit.Option) *env {
 func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, opts ...ratelimit.Option) *env {
 	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
-	e := &env{mr: mr, client: client, clk: clock.NewFake(epoch), reader: sdkmetric.NewManualReader()}
+	e := &env{mr: mr, client: client, clk: newFakeClock(epoch), reader: sdkmetric.NewManualReader()}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	var err error
@@ -267,7 +265,7 @@ func TestErrorReplies(t *testing.T) {
 		{"-ERR something else\r\n", "other"},
 	} {
 		t.Run(tc.want+"/"+strings.TrimSpace(tc.reply), func(t *testing.T) {
-			addr := redistest.Fake(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
+			addr := fakeRedis(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
 			e := newEnvOn(t, nil, redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1}))
 			e.allow(t, ratelimit.PerSecond(10), 1)
 			require.Equal(t, map[string]uint64{"error.type=" + tc.want: 1}, collect(t, e.reader).redisCalls())
@@ -416,7 +414,7 @@ func TestNearLimitFraction(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	obs, err := ratelimitotel.NewObserver(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), ratelimitotel.WithNearLimit(0.5))
 	require.NoError(t, err)
-	clk := clock.NewFake(epoch)
+	clk := newFakeClock(epoch)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithObserver(obs))
