@@ -11,26 +11,27 @@ import (
 
 // Header names, in the canonical form net/http sends them in (header names
 // are case-insensitive: X-Ratelimit-Limit is X-RateLimit-Limit). With
-// several policies, RateLimit-Policy and RateLimit list each enforced
-// policy, in the plan's order, and the X-RateLimit headers and Retry-After
-// describe the binding one (FromContext's Result). Shadowed policies, and
-// decisions that shadow mode let through, send none of them.
+// several limits, RateLimit-Policy and RateLimit list each enforced limit,
+// in the plan's order, and the X-RateLimit headers and Retry-After describe
+// the binding one (FromContext's Result). Shadow limits, and decisions that
+// shadow mode let through, send none of them.
 const (
 	// HeaderLimit is the binding limit's rate.
 	HeaderLimit = "X-Ratelimit-Limit"
 	// HeaderRemaining is what is left of the binding limit's rate after this
 	// request.
 	HeaderRemaining = "X-Ratelimit-Remaining"
-	// HeaderReset is in whole seconds, rounded up: until the binding limit's
-	// count is 0 on an allowed response, until the request would pass on a
-	// 429; absent on a 429 that can never pass.
+	// HeaderReset is in whole seconds, rounded up (ResetSeconds): until the
+	// binding limit's count is 0 on an allowed response, until the request
+	// would pass on a 429; absent on a 429 that can never pass.
 	HeaderReset = "X-Ratelimit-Reset"
 	// HeaderPolicy is `"<name>";q=<rate>;w=<window in seconds, rounded up>`
-	// for each policy, separated by ", ".
+	// for each enforced limit, separated by ", ", the name as PolicyName
+	// gives it.
 	HeaderPolicy = "Ratelimit-Policy"
 	// HeaderRateLimit is `"<name>";r=<remaining>;t=<as HeaderReset>` for
-	// each policy, separated by ", ", with t for that policy's own count
-	// or wait, and no t at all on a 429 that can never pass.
+	// each enforced limit, separated by ", ", with t for that limit's own
+	// count or wait, and no t at all on a 429 that can never pass.
 	HeaderRateLimit = "Ratelimit"
 	// HeaderRetryAfter is sent on a 429 that a retry can pass: the seconds
 	// of HeaderReset, at least 1.

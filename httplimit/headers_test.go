@@ -264,7 +264,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, AllHeaders, newPlan([]ratelimit.Limit{named(limit, name)}).policies, []ratelimit.Result{res})
+				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}).policies, []ratelimit.Result{res})
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -373,7 +373,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				}
 				h := http.Header{}
 				shownP, shownR := shown(pl, results)
-				setHeaders(h, AllHeaders, shownP, shownR)
+				setHeaders(h, allHeaders, shownP, shownR)
 
 				var wantPolicy, wantState []sfItem
 				var visible []ratelimit.Result
@@ -511,7 +511,7 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, AllHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}).policies, []ratelimit.Result{tc.res})
+			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}).policies, []ratelimit.Result{tc.res})
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`

@@ -12,7 +12,10 @@
 // A request may be held to several limits at once, such as a burst limit
 // and a daily one (WithLimits; WithPlanFunc per tier or route): one script
 // call decides them all, and a request one of them denies is counted under
-// none of them. Each limit is named in the headers by its Limit.Name.
+// none of them. Each limit is named in the headers by its Limit.Name. A
+// plan is a []ratelimit.Limit that lists every limit it holds: the one
+// WithPlanFunc returns is the request's whole plan, and no value, the zero
+// Limit least of all, stands for another limit.
 // A limit can be shadowed (Limit.Shadow) to see what it would do before
 // enforcing it: it is counted, never denies and sends no header, and its
 // would-be denials go to WithShadowHandler.
@@ -117,7 +120,7 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 // that holds two limits of one name, or an option given invalid values; the
 // error names each problem, and the option at fault.
 func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http.Handler) http.Handler, error) {
-	cfg := config{headers: AllHeaders}
+	cfg := config{headers: allHeaders}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.apply(&cfg)

@@ -458,7 +458,7 @@ func TestHeaderSets(t *testing.T) {
 		set  httplimit.HeaderSet
 		want []string
 	}{
-		{"all", httplimit.AllHeaders, rateHeaders},
+		{"both", httplimit.XRateLimitHeaders | httplimit.IETFHeaders, rateHeaders},
 		{"X-RateLimit only", httplimit.XRateLimitHeaders, []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Retry-After"}},
 		{"IETF only", httplimit.IETFHeaders, []string{"Ratelimit-Policy", "Ratelimit", "Retry-After"}},
 		{"none", 0, []string{"Retry-After"}},

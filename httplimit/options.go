@@ -21,9 +21,11 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// HeaderSet selects the groups of rate-limit headers a response carries.
-// Retry-After does not belong to any set: it is sent on every 429 that a
-// later retry can pass, whatever the set, and on no other response.
+// HeaderSet selects the groups of rate-limit headers a response carries:
+// XRateLimitHeaders, IETFHeaders, both (XRateLimitHeaders|IETFHeaders, the
+// default) or none (0). Retry-After does not belong to any set: it is sent
+// on every 429 that a later retry can pass, whatever the set, and on no
+// other response.
 type HeaderSet uint8
 
 const (
@@ -33,10 +35,10 @@ const (
 	// IETFHeaders are RateLimit-Policy and RateLimit, as in
 	// draft-ietf-httpapi-ratelimit-headers.
 	IETFHeaders
-
-	// AllHeaders is the default: both sets.
-	AllHeaders = XRateLimitHeaders | IETFHeaders
 )
+
+// allHeaders is the default HeaderSet.
+const allHeaders = XRateLimitHeaders | IETFHeaders
 
 // KeyFunc returns the identity a request is counted under, or "" when the
 // request has no identity of the kind it looks for, so that the next KeyFunc
@@ -269,7 +271,7 @@ func WithAllowList(prefixes ...netip.Prefix) Option {
 }
 
 // WithHeaders selects the rate-limit headers every counted response carries
-// (default AllHeaders). WithHeaders(0) sends none but Retry-After.
+// (default both sets). WithHeaders(0) sends none but Retry-After.
 func WithHeaders(set HeaderSet) Option {
 	return optionFunc(func(c *config) { c.headers = set })
 }

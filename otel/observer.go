@@ -75,13 +75,15 @@ const (
 	ErrorTypeKey = attribute.Key("error.type")
 )
 
-// MaxPolicies is the number of distinct policy names the Observer labels
-// apart. Names are meant to be few (plans, endpoints); past MaxPolicies,
-// new names are recorded as OverflowPolicy, so that names made from
-// request data cannot grow the metrics without bound.
-const MaxPolicies = 1000
+// maxPolicies is the number of distinct policy names the Observer labels
+// apart (see OverflowPolicy).
+const maxPolicies = 1000
 
-// OverflowPolicy is the policy attribute of the names beyond MaxPolicies.
+// OverflowPolicy is the policy attribute of the names past the first 1000
+// an Observer sees. Names are meant to be few (plans, endpoints); beyond
+// 1000, new names are recorded as OverflowPolicy, so that names made from
+// request data cannot grow the metrics without bound. Names seen before
+// keep theirs.
 const OverflowPolicy = "_other"
 
 // durationBuckets are the histogram's bounds in seconds: a healthy Redis
@@ -132,7 +134,7 @@ const numSources = int(ratelimit.SourcePolicy) + 2
 // ScopeName; a nil mp means the global MeterProvider. The error reports an
 // invalid option or an instrument mp could not make.
 func NewObserver(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
-	cfg := config{nearLimit: DefaultNearLimit}
+	cfg := config{nearLimit: defaultNearLimit}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.apply(&cfg)
@@ -214,7 +216,7 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	if p, ok := old[name]; ok {
 		return p
 	}
-	if len(old) >= MaxPolicies {
+	if len(old) >= maxPolicies {
 		return o.overflow
 	}
 	m := make(map[string]*policyAttrs, len(old)+1)

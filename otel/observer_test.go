@@ -470,7 +470,7 @@ func TestGauges(t *testing.T) {
 	require.Error(t, err)
 }
 
-// Names past MaxPolicies share OverflowPolicy; names seen before keep
+// Names past the first 1000 share OverflowPolicy; names seen before keep
 // theirs. Observers run on many goroutines at once.
 func TestPolicyOverflow(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
