@@ -573,7 +573,9 @@ func TestFromContext(t *testing.T) {
 // Middleware answers every request with 500 instead of leaving the API
 // unlimited.
 func TestConfigurationErrors(t *testing.T) {
-	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = dead.Close() })
+	l := ratelimit.New(dead)
 	tests := []struct {
 		name    string
 		limiter *ratelimit.Limiter

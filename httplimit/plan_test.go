@@ -234,7 +234,9 @@ func TestPlanPerRoute(t *testing.T) {
 // limits of one name; a plan chosen per request with the same fault goes
 // to the error handler, naming WithPlanFunc.
 func TestPlanConfigurationErrors(t *testing.T) {
-	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = dead.Close() })
+	l := ratelimit.New(dead)
 	main := ratelimit.PerMinute(100)
 	many := make([]ratelimit.Limit, 16) // and main: 17
 	for i := range many {
