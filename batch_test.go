@@ -20,6 +20,8 @@ import (
 // (so the requests of one call saw each other's writes, in order), and
 // Redis ran far fewer script calls than there were decisions.
 func TestBatchingUnderLoad(t *testing.T) {
+	// Not parallel: how many decisions share a call depends on how many
+	// arrive together, which other tests' load would change.
 	mk := serverEnv(t)
 	for _, ctxAware := range []bool{true, false} {
 		t.Run(fmt.Sprint("ContextTimeoutEnabled=", ctxAware), func(t *testing.T) {
@@ -85,6 +87,7 @@ func evalshaCalls(t *testing.T, e env) int64 {
 // A caller whose ctx is done gets its ctx's error, and its request is not
 // sent.
 func TestBatchingCallerGivesUp(t *testing.T) {
+	t.Parallel()
 	e := serverEnv(t)(t)
 	l := e.limiter(ratelimit.WithBatching(64))
 	done, cancel := context.WithCancel(context.Background())

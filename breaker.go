@@ -114,7 +114,7 @@ var unavailableReplies = []string{
 // the failures a server's circuit breaker counts, but for CLUSTERDOWN and
 // TRYAGAIN. A reply of the wrong shape (ErrBadReply), or a script error
 // caused by one id's data, says Redis is up: Unavailable is false for them.
-func Unavailable(err error) bool {
+func IsOutage(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -144,5 +144,5 @@ func Unavailable(err error) bool {
 // master would open the breakers of all the others, which would then deny
 // for a cooldown after the cluster had recovered.
 func opensBreaker(err error) bool {
-	return Unavailable(err) && !redis.HasErrorPrefix(err, "CLUSTERDOWN") && !redis.HasErrorPrefix(err, "TRYAGAIN")
+	return IsOutage(err) && !redis.HasErrorPrefix(err, "CLUSTERDOWN") && !redis.HasErrorPrefix(err, "TRYAGAIN")
 }

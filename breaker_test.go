@@ -65,6 +65,7 @@ func (e *breakerEnv) allow(t *testing.T) error {
 }
 
 func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
+	t.Parallel()
 	e := newBreakerEnv(t, WithCircuitBreaker(3, time.Second))
 	e.mr.SetError("LOADING Redis is loading the dataset in memory")
 	for range 2 {
@@ -85,6 +86,7 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 }
 
 func TestBreakerProbesAfterCooldown(t *testing.T) {
+	t.Parallel()
 	e := newBreakerEnv(t, WithCircuitBreaker(2, time.Second))
 	e.mr.SetError("MASTERDOWN Link with MASTER is down")
 	require.Error(t, e.allow(t))
@@ -109,6 +111,7 @@ func TestBreakerProbesAfterCooldown(t *testing.T) {
 
 // While the breaker is open, concurrent decisions send one probe at a time.
 func TestBreakerOneProbe(t *testing.T) {
+	t.Parallel()
 	e := newBreakerEnv(t, WithCircuitBreaker(1, time.Second))
 	e.mr.SetError("BUSY Redis is busy running a script")
 	require.Error(t, e.allow(t))
@@ -128,10 +131,13 @@ func TestBreakerOneProbe(t *testing.T) {
 }
 
 func TestBreakerOff(t *testing.T) {
+	t.Parallel()
 	require.NotNil(t, newBreakerEnv(t).l.t.one.breaker, "on by default")
 	e := newBreakerEnv(t)
 	e.l.t.one.breaker = nil // as WithCircuitBreaker(0, 0) leaves it
-	require.Nil(t, New(redis.NewClient(&redis.Options{}), WithCircuitBreaker(0, 0)).t.one.breaker)
+	off := redis.NewClient(&redis.Options{})
+	t.Cleanup(func() { _ = off.Close() })
+	require.Nil(t, New(off, WithCircuitBreaker(0, 0)).t.one.breaker)
 	e.mr.SetError("LOADING Redis is loading the dataset in memory")
 	for range 20 {
 		err := e.allow(t)
@@ -254,6 +260,7 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 // that request alone: the other decisions of the call are made by Redis,
 // and the breaker hears of one call that Redis answered.
 func TestBatchWithBadKey(t *testing.T) {
+	t.Parallel()
 	for _, b := range []struct {
 		name string
 		addr func(t *testing.T) string
@@ -316,6 +323,7 @@ func TestBatchWithBadKey(t *testing.T) {
 // many decisions it carried: five decisions in one call to a server that
 // never answers leave a breaker of threshold 5 closed, with one failure.
 func TestBreakerCountsABatchOnce(t *testing.T) {
+	t.Parallel()
 	const timeout = 100 * time.Millisecond
 	addr := redistest.Silent(t)
 	for _, ctxAware := range []bool{true, false} {

@@ -17,7 +17,8 @@ import (
 // the script writes anything, and goes again one decision per call through
 // the Cluster client: every decision is made, and counted exactly once.
 func TestClusterBatchRefusedGoesAgain(t *testing.T) {
-	addrs := redistest.StartCluster(t, 3)
+	t.Parallel()
+	addrs := redistest.SharedCluster(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = cc.Close() })
 	ctx := context.Background()

@@ -25,7 +25,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 	single := func() redis.UniversalClient {
 		return redis.NewClient(&redis.Options{Addr: server.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
 	}
-	addrs := redistest.StartCluster(b, 3)
+	addrs := redistest.SharedCluster(b)
 	cluster := func() redis.UniversalClient {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64, ContextTimeoutEnabled: true})
 	}

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -24,7 +23,7 @@ type decision struct {
 	allowed bool    // the one decision every Result reports
 	// refused has bit i set when limits[i] did not admit the request (or
 	// for a look, a cost of 1), whatever the decision: the limits a denial
-	// is owed to. MaxLimits bits fit.
+	// is owed to. maxLimits bits fit.
 	refused uint32
 	// deniedCounted: the script decided, and under WithCountDenied counted
 	// each denied request's cost (see sliding_window.lua).
@@ -71,8 +70,8 @@ type span struct {
 	seen   counts
 }
 
-// decision.refused has a bit for each of up to MaxLimits limits.
-const _ uint32 = 1<<MaxLimits - 1
+// decision.refused has a bit for each of up to maxLimits limits.
+const _ uint32 = 1<<maxLimits - 1
 
 // decide makes decision d for id at cost n, or looks without counting, and
 // fills d.results: the one path every decision takes, whoever makes it
@@ -133,22 +132,12 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 // checkAll validates a decision's input before Redis is consulted.
 func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 	if len(limits) == 0 {
-		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+		return ValidateLimits(limits)
 	}
-	if len(limits) > MaxLimits {
-		return fmt.Errorf("%w: %d limits, more than MaxLimits (%d)", ErrInvalidLimit, len(limits), MaxLimits)
+	if err := l.check(id, limits[0], n); err != nil { // the client, id and cost
+		return err
 	}
-	for i, limit := range limits {
-		if err := l.check(id, limit, n); err != nil {
-			return err
-		}
-		for _, other := range limits[:i] {
-			if other.Window == limit.Window && other.Strict == limit.Strict {
-				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
-			}
-		}
-	}
-	return nil
+	return ValidateLimits(limits)
 }
 
 // build places d's limits on the clock at Unix ms now and makes its

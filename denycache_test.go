@@ -19,6 +19,7 @@ import (
 // return equal Results for every request, while the cached one sends Redis
 // far fewer commands.
 func TestDenyCacheChangesNothing(t *testing.T) {
+	t.Parallel()
 	for _, seed := range []uint64{1, 2} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			ctx := context.Background()
@@ -66,6 +67,7 @@ func TestDenyCacheChangesNothing(t *testing.T) {
 // A client hammering past its limit is denied locally until the exact
 // millisecond its next request could pass; that request goes to Redis.
 func TestDenyCacheUntilRetry(t *testing.T) {
+	t.Parallel()
 	e := miniredisEnv(t)
 	ctx := context.Background()
 	l := e.limiter(ratelimit.WithDenyCache(10))
@@ -106,6 +108,7 @@ func TestDenyCacheUntilRetry(t *testing.T) {
 // servers share a Redis, one of them caching; after each denial by the
 // caching one, a third Limiter without a cache asks Redis the same question.
 func TestDenyCacheSharedRedis(t *testing.T) {
+	t.Parallel()
 	e := miniredisEnv(t)
 	ctx := context.Background()
 	cached := e.limiter(ratelimit.WithDenyCache(1000))
@@ -138,6 +141,7 @@ func TestDenyCacheSharedRedis(t *testing.T) {
 
 // Reset through the same Limiter clears its cache entry.
 func TestDenyCacheReset(t *testing.T) {
+	t.Parallel()
 	e := miniredisEnv(t)
 	ctx := context.Background()
 	l := e.limiter(ratelimit.WithDenyCache(10))

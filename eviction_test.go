@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
@@ -18,6 +20,7 @@ import (
 // has a memory limit and a policy that evicts live counts; it says nothing
 // for noeviction, for no memory limit, and where CONFIG is not granted.
 func TestEvictionPolicyWarning(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -96,4 +99,41 @@ func TestDefaultHandlerLogsEvictionWarning(t *testing.T) {
 	h.handle(context.Background(), "", ErrEvictionPolicy)
 	require.Contains(t, buf.String(), "a Redis failure")
 	require.Contains(t, buf.String(), "ratelimit: Redis may evict live counts")
+}
+
+// The default error handler logs one line when Redis fails, then at most
+// one every 10 seconds of real time, whatever clock WithClock set, saying
+// how many errors it left out, and never the id.
+func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	frozen := time.Unix(1_700_000_000, 0) // a test's clock that stands still
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	l := New(client, WithClock(func() time.Time { return frozen }))
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	l.onError = newLogHandler(clk.Now).handle // New's, on a real clock the test moves
+	allow := func(times int) {
+		for range times {
+			res, err := l.Allow(context.Background(), "id", PerSecond(10))
+			require.NoError(t, err)
+			require.True(t, res.Degraded)
+		}
+	}
+	allow(100)
+	require.Equal(t, 1, strings.Count(buf.String(), "\n"), buf.String())
+	require.Contains(t, buf.String(), "errors_not_logged=0")
+
+	clk.Add(9 * time.Second)
+	allow(50)
+	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "a second line before 10s passed")
+
+	clk.Add(time.Second)
+	allow(1)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 2)
+	require.Contains(t, lines[1], "errors_not_logged=149")
+	require.NotContains(t, buf.String(), "id=id", "ids can be secrets and are not logged")
 }

@@ -1,14 +1,11 @@
 package ratelimit_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -43,6 +40,7 @@ func slowClient(addr string, ctxAware bool) *redis.Options {
 }
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	for _, p := range policyCases {
 		t.Run(p.name, func(t *testing.T) {
 			h := &errorLog{}
@@ -59,6 +57,7 @@ func TestRedisDown(t *testing.T) {
 // not the client watches ctx deadlines itself: the Limiter stops waiting
 // for a client that does not.
 func TestRedisHangs(t *testing.T) {
+	t.Parallel()
 	const timeout = 50 * time.Millisecond
 	addr := redistest.Silent(t)
 	for _, ctxAware := range []bool{false, true} {
@@ -84,6 +83,7 @@ func TestRedisHangs(t *testing.T) {
 // A caller that gives up is not a Redis failure: its own error comes back,
 // with no decision and nothing for the error handler.
 func TestCallerContextDone(t *testing.T) {
+	t.Parallel()
 	client := newClient(t, &redis.Options{Addr: redistest.Silent(t)})
 	h := &errorLog{}
 	l := ratelimit.New(client, ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(time.Minute))
@@ -153,6 +153,7 @@ func (tc badReply) env(t *testing.T) env {
 // Redis errors that are not about the network, and replies of the wrong
 // shape, are failures too: decided by the policy, never a panic.
 func TestBadReplies(t *testing.T) {
+	t.Parallel()
 	for _, tc := range badReplies {
 		for _, p := range policyCases {
 			t.Run(tc.name+"/"+p.name, func(t *testing.T) {
@@ -175,6 +176,7 @@ func TestBadReplies(t *testing.T) {
 // that is not a count leave it closed, while as many BUSY or LOADING
 // replies open it.
 func TestBadRepliesAndTheBreaker(t *testing.T) {
+	t.Parallel()
 	const threshold = ratelimit.DefaultBreakerFailures
 	for _, tc := range badReplies {
 		t.Run(tc.name, func(t *testing.T) {
@@ -212,6 +214,7 @@ func TestBadRepliesAndTheBreaker(t *testing.T) {
 // handler, and a decision for another id is still made by Redis, under
 // every policy.
 func TestCorruptedKeyKeepsBreakerClosed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	limit := ratelimit.PerMinute(100)
 	for _, b := range singleServers(t) {
@@ -258,6 +261,7 @@ func TestCorruptedKeyKeepsBreakerClosed(t *testing.T) {
 // command outlasts the Limiter's timeout, and the error names both the
 // timeout and the last dial error (dial.go).
 func TestConnectionRefused(t *testing.T) {
+	t.Parallel()
 	addr := deadAddr(t)
 	limit := ratelimit.PerSecond(10)
 	decide := func(t *testing.T, opt *redis.Options, timeout time.Duration) (time.Duration, error) {
@@ -301,6 +305,7 @@ func TestConnectionRefused(t *testing.T) {
 // error, and that master's alone: go-redis dials through each node's own
 // client, which the Limiter hooks as it meets them.
 func TestConnectionRefusedCluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartClusterWithReplicas(t, 3, 0)
 	addrs := c.Addrs()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
@@ -335,38 +340,6 @@ func TestConnectionRefusedCluster(t *testing.T) {
 		require.NoError(t, err, "a live master's id")
 		require.False(t, res.Degraded)
 	}
-}
-
-// The default error handler logs one line when Redis fails, then at most
-// one every 10 seconds, saying how many errors it left out.
-func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
-	var buf bytes.Buffer
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
-
-	clk := clock.NewFake(epoch)
-	l := ratelimit.New(downClient(t), ratelimit.WithClock(clk.Now))
-	allow := func(times int) {
-		for range times {
-			res, err := l.Allow(context.Background(), "id", ratelimit.PerSecond(10))
-			require.NoError(t, err)
-			require.True(t, res.Degraded)
-		}
-	}
-	allow(100)
-	require.Equal(t, 1, strings.Count(buf.String(), "\n"), buf.String())
-	require.Contains(t, buf.String(), "errors_not_logged=0")
-
-	clk.Add(9 * time.Second)
-	allow(50)
-	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "a second line before 10s passed")
-
-	clk.Add(time.Second)
-	allow(1)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	require.Len(t, lines, 2)
-	require.Contains(t, lines[1], "errors_not_logged=149")
-	require.NotContains(t, buf.String(), "id=id", "ids can be secrets and are not logged")
 }
 
 // A call the Limiter stopped waiting for, on a client that ignores ctx

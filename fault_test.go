@@ -29,6 +29,7 @@ import (
 // second run: go-redis, with its default three retries, would otherwise
 // send the script again on a new connection and count the request twice.
 func TestLostReplyIsNotRetried(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	limit := ratelimit.PerHour(10)
@@ -114,8 +115,12 @@ type redisErrKey struct{}
 // fixed number of decisions, a new empty one starts on the same port. The
 // clock never moves: every decision falls in one window.
 func TestRedisKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	for _, p := range policyCases {
-		t.Run(p.name, func(t *testing.T) { testKilledUnderLoad(t, p) })
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel() // each with a server of its own
+			testKilledUnderLoad(t, p)
+		})
 	}
 }
 
@@ -395,6 +400,7 @@ func percentile(ds []time.Duration, p int) time.Duration {
 // run, so the EVAL that follows counts once. No decision fails, none is
 // degraded, and exactly Rate are admitted.
 func TestScriptFlushUnderLoad(t *testing.T) {
+	t.Parallel()
 	for _, b := range []struct {
 		name string
 		mk   newEnv
@@ -550,6 +556,7 @@ func goroutinesIn(fn string) int {
 // each count 1..Rate once, on one server and on a cluster. The timeout is
 // long: this is about atomicity, not speed.
 func TestAtomicAcrossAppServers(t *testing.T) {
+	t.Parallel()
 	for _, b := range []struct {
 		name string
 		// start starts the servers and returns how to make a client of them.
@@ -560,7 +567,7 @@ func TestAtomicAcrossAppServers(t *testing.T) {
 			return func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: addr}) }
 		}},
 		{"RedisCluster", func(t *testing.T) func() redis.UniversalClient {
-			addrs := redistest.StartCluster(t, 3)
+			addrs := redistest.SharedCluster(t)
 			return func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) }
 		}},
 	} {
@@ -619,7 +626,7 @@ func TestAtomicAcrossAppServers(t *testing.T) {
 func TestSlowRedisIsSentNothingLate(t *testing.T) {
 	const (
 		timeout = 50 * time.Millisecond
-		delay   = time.Second
+		delay   = 600 * time.Millisecond
 		callers = 2000
 	)
 	srv := redistest.Start(t)

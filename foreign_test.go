@@ -69,6 +69,7 @@ var foreigners = []foreign{
 // was; the other requests of the same call are decided as usual. On one
 // call, a batch on one server and a batch on a Cluster master.
 func TestForeignValues(t *testing.T) {
+	t.Parallel()
 	backends := []struct {
 		name   string
 		client func(t *testing.T) redis.UniversalClient
@@ -80,7 +81,7 @@ func TestForeignValues(t *testing.T) {
 			return redis.NewClient(&redis.Options{Addr: redistest.Start(t).Addr})
 		}},
 		{"RedisCluster", func(t *testing.T) redis.UniversalClient {
-			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.SharedCluster(t)})
 		}},
 	}
 	limits := []Limit{PerMinute(10), {Rate: 10, Window: time.Minute, Strict: true}}

@@ -69,8 +69,8 @@ func FuzzKeys(f *testing.F) {
 		if id == "" || id2 == "" || w < 1 || i == math.MinInt64 {
 			t.Skip("not a decision's input: ids are non-empty, windows at least 1ms, and the index has a previous one")
 		}
-		if len(id) > MaxIDLength || len(id2) > MaxIDLength {
-			t.Skip("ids longer than MaxIDLength are keyed by a digest: see the LongIDKeys semantic test")
+		if len(id) > maxIDLength || len(id2) > maxIDLength {
+			t.Skip("ids longer than maxIDLength are keyed by a digest: see the LongIDKeys semantic test")
 		}
 		keys := New(client, WithPrefix(prefix)).appendKeys(nil, id, position{w: w, i: i})
 		cur, prev := keys[0], keys[1]

@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/internal/clock"
@@ -130,7 +132,7 @@ func serverEnv(t *testing.T) newEnv {
 
 // clusterEnv starts a 3-master Redis Cluster for all the tests it serves.
 func clusterEnv(t *testing.T) newEnv {
-	addrs := redistest.StartCluster(t, 3)
+	addrs := redistest.SharedCluster(t)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return func(t *testing.T) env {
@@ -163,7 +165,7 @@ func aclEnv(t *testing.T) newEnv {
 // aclClusterEnv is aclEnv on a 3-master Redis Cluster, whose client needs
 // CLUSTER SLOTS too.
 func aclClusterEnv(t *testing.T) newEnv {
-	addrs := redistest.StartCluster(t, 3)
+	addrs := redistest.SharedCluster(t)
 	for _, addr := range addrs {
 		args := []any{"ACL", "SETUSER", "limiter", "reset", "on", ">secret", "~limited-*", "resetchannels"}
 		for _, rule := range strings.Fields(limiterACL + " +cluster|slots") {
@@ -435,4 +437,31 @@ func timedSync(t *testing.T, rc *ratelimit.RedisClock) time.Duration {
 	begin := time.Now()
 	require.NoError(t, rc.Sync(t.Context()))
 	return time.Since(begin)
+}
+
+// TestMain runs the package's tests, stops the Redis Cluster they share,
+// and fails the run if they left a goroutine behind.
+//
+// Unless -parallel says otherwise, 6 parallel tests run at a time rather
+// than one per core: most of them wait on servers (a failover, a timeout, a
+// process starting) far more than they compute. Under -race, which makes
+// them compute several times longer, the default of one per core stays.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && !raceEnabled {
+		_ = flag.Set("test.parallel", "6")
+	}
+	goleak.VerifyTestMain(stopShared{m})
+}
+
+// stopShared runs the tests, then stops the shared cluster, before goleak
+// looks for goroutines left behind.
+type stopShared struct{ m *testing.M }
+
+func (s stopShared) Run() int {
+	code := s.m.Run()
+	redistest.StopShared()
+	return code
 }

@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// MaxIDLength is the longest id kept as it is in keys. A longer id (an id
+// maxIDLength is the longest id kept as it is in keys. A longer id (an id
 // often comes from a client: a header, a user name) is keyed by its SHA-256
 // digest instead, so that what an id costs in Redis is bounded whatever its
 // length.
-const MaxIDLength = 1024
+const maxIDLength = 1024
 
 // validate reports what is wrong with one decision's input, before Redis is
 // consulted. n is the cost; Peek passes 1.
@@ -40,13 +40,13 @@ func validate(id string, limit Limit, n int64) error {
 //
 // The id is escaped so that the hash tag is exactly the id and never empty:
 // all keys of a decision hash to one Redis Cluster slot, and different ids
-// never share a key. An id longer than MaxIDLength is replaced by "%H" and
+// never share a key. An id longer than maxIDLength (1,024 bytes) is replaced by "%H" and
 // the hex of its SHA-256, which no escaped id can spell. The keys are slices
 // of one string: one allocation.
 func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	var num [20]byte
 	var digest [2 + 2*sha256.Size]byte
-	if len(id) > MaxIDLength {
+	if len(id) > maxIDLength {
 		sum := sha256.Sum256([]byte(id))
 		digest[0], digest[1] = '%', 'H'
 		hex.Encode(digest[2:], sum[:])
@@ -83,7 +83,7 @@ func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	}
 	b.WriteByte(':')
 	head := b.Len()
-	ends := make([]int, 0, 1+int(StrictSubWindows))
+	ends := make([]int, 0, 1+StrictSubWindows)
 	for k := range n {
 		if k > 0 {
 			b.WriteString(b.String()[:head]) // within the capacity grown above: no copy

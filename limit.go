@@ -47,7 +47,10 @@ type Limit struct {
 
 // StrictSubWindows is the number of sub-windows a Strict limit's Window is
 // cut into.
-const StrictSubWindows = window.SubWindows
+const StrictSubWindows = 10
+
+// The script's Go model cuts windows the same way.
+var _ = [1]struct{}{}[StrictSubWindows-window.SubWindows]
 
 // PerSecond returns a Limit of rate requests in any one second.
 func PerSecond(rate int64) Limit { return Limit{Rate: rate, Window: time.Second} }
@@ -97,6 +100,32 @@ func (l Limit) Validate() error {
 	}
 	if l.Strict && l.Window.Milliseconds()%StrictSubWindows != 0 {
 		return fmt.Errorf("%w: strict window %v is not a multiple of %dms", ErrInvalidLimit, l.Window, StrictSubWindows)
+	}
+	return nil
+}
+
+// ValidateLimits reports what makes limits unusable together in one
+// AllowAll or PeekAll, as those would: none at all, more than 16, a limit
+// that Limit.Validate rejects, or two limits of the same Window and Strict,
+// which would share one count (named both). The error wraps
+// ErrInvalidLimit. Check a plan from configuration with it at start-up;
+// httplimit and grpclimit check theirs with it.
+func ValidateLimits(limits []Limit) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+	}
+	if len(limits) > maxLimits {
+		return fmt.Errorf("%w: %d limits, more than %d", ErrInvalidLimit, len(limits), maxLimits)
+	}
+	for i, limit := range limits {
+		if err := limit.Validate(); err != nil {
+			return err
+		}
+		for _, other := range limits[:i] {
+			if other.Window == limit.Window && other.Strict == limit.Strict {
+				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
+			}
+		}
 	}
 	return nil
 }

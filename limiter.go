@@ -16,8 +16,7 @@ var (
 	// ErrInvalidID is returned for an empty id.
 	ErrInvalidID = errors.New("ratelimit: invalid id")
 	// ErrInvalidLimit is returned for a Limit that Limit.Validate rejects,
-	// and by AllowAll and PeekAll for no limits, more than MaxLimits, or
-	// two limits that would share a count.
+	// and by AllowAll and PeekAll for limits that ValidateLimits rejects.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
 	// ErrInvalidCost is returned by AllowN and AllowAll for a cost below 1.
 	ErrInvalidCost = errors.New("ratelimit: invalid cost")
@@ -34,11 +33,11 @@ var (
 // RetryAfter < 0 or == InfDuration.
 const InfDuration = time.Duration(-1)
 
-// MaxLimits is the most limits AllowAll and PeekAll take in one call. Each
+// maxLimits is the most limits AllowAll and PeekAll take in one call. Each
 // limit adds its keys and four arguments to the one script call; real plans
-// have two to four limits, and more than MaxLimits is a mistake to report
+// have two to four limits, and more than maxLimits is a mistake to report
 // rather than a slow call to make.
-const MaxLimits = 16
+const maxLimits = 16
 
 // Result is the outcome of one decision against one limit.
 type Result struct {
@@ -56,7 +55,9 @@ type Result struct {
 	// the shortest wait after which this limit would admit the same request
 	// if no other traffic came, exact to the millisecond (0 if it already
 	// does, when another limit denied); InfDuration if it never would,
-	// because the cost is above Limit.Rate.
+	// because the cost is above Limit.Rate. A denial that shadow mode let
+	// through (Shadowed) keeps the denial's RetryAfter, and so does the
+	// Result of a Shadow limit: Allowed is then true, RetryAfter not 0.
 	RetryAfter time.Duration
 	// ResetAfter is the shortest wait after which Count would be 0 if no
 	// other traffic came, exact to the millisecond.
@@ -147,6 +148,16 @@ type Limiter struct {
 // redis.UniversalClient works: a *redis.Client, a *redis.ClusterClient (all
 // keys of a decision share a hash slot), a *redis.Ring or a failover client.
 // With a nil client, of any type, every method returns ErrNilClient.
+//
+// New knows those client types by their concrete type: batching applies to
+// a *redis.Client (a failover client is one) and a *redis.ClusterClient,
+// and the Limiter leaves its deadlines to a *redis.Client, ClusterClient or
+// Ring whose ContextTimeoutEnabled is set. A client of any other type (a
+// UniversalClient of your own that wraps one) is used as it is: no
+// batching, and each decision's deadline watched from a goroutine. New adds
+// a go-redis hook to the client (for a Cluster or a Ring, to its nodes' clients)
+// that records dial errors, so that a timeout can name the last one; it
+// does nothing else to a command.
 func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {
@@ -174,7 +185,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		l.local = newLocalWindows(cfg.replicas)
 	}
 	if l.onError == nil {
-		l.onError = newLogHandler(cfg.now).handle
+		l.onError = newLogHandler(time.Now).handle // real time: WithClock's may stand still
 	}
 	if !isNil(client) {
 		l.t = newTransport(client, &cfg, func(err error) { l.onError(context.Background(), "", err) })
@@ -222,10 +233,10 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 // when it admits the request on its own, and its Result's Shadowed reports
 // when it would not have.
 //
-// The errors are AllowN's, and ErrInvalidLimit for no limits, more than
-// MaxLimits, or two limits of the same Window and Strict (they would share
-// a count), naming both. Results then has one zero-valued Result per limit
-// but for its Limit.
+// The errors are AllowN's, and ErrInvalidLimit for limits that
+// ValidateLimits rejects: none, more than 16, or two of the same Window and
+// Strict (they would share a count), naming both. Results then has one
+// zero-valued Result per limit but for its Limit.
 func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
 	d := &decision{limits: limits}
 	err := l.decide(ctx, d, id, n, false)

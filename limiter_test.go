@@ -17,17 +17,28 @@ import (
 	"github.com/slidingwindow/ratelimit"
 )
 
-func TestSemanticsMiniredis(t *testing.T) { runSemantics(t, miniredisEnv) }
+func TestSemanticsMiniredis(t *testing.T) {
+	t.Parallel()
+	runSemantics(t, miniredisEnv)
+}
 
-func TestSemanticsRedisServer(t *testing.T) { runSemantics(t, serverEnv(t)) }
+func TestSemanticsRedisServer(t *testing.T) {
+	t.Parallel()
+	runSemantics(t, serverEnv(t))
+}
 
-func TestSemanticsRedisCluster(t *testing.T) { runSemantics(t, clusterEnv(t)) }
+func TestSemanticsRedisCluster(t *testing.T) {
+	t.Parallel()
+	runSemantics(t, clusterEnv(t))
+}
 
 func TestSemanticsBatchedMiniredis(t *testing.T) {
+	t.Parallel()
 	runSemantics(t, withOpts(miniredisEnv, ratelimit.WithBatching(64)))
 }
 
 func TestSemanticsBatchedRedisServer(t *testing.T) {
+	t.Parallel()
 	runSemantics(t, withOpts(serverEnv(t), ratelimit.WithBatching(64)))
 }
 
@@ -527,6 +538,7 @@ func testKeysExpire(t *testing.T, e env) {
 // A nil client of any type, a typed nil pointer included, makes a Limiter
 // whose every method says so: New does not panic on it.
 func TestNilClient(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	limit := ratelimit.PerSecond(1)
 	for name, client := range map[string]redis.UniversalClient{
@@ -551,6 +563,7 @@ func TestNilClient(t *testing.T) {
 }
 
 func TestLimitConstructors(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, ratelimit.Limit{Rate: 3, Window: time.Second}, ratelimit.PerSecond(3))
 	require.Equal(t, ratelimit.Limit{Rate: 4, Window: time.Minute}, ratelimit.PerMinute(4))
 	require.Equal(t, ratelimit.Limit{Rate: 5, Window: time.Hour}, ratelimit.PerHour(5))
@@ -562,6 +575,7 @@ func TestLimitConstructors(t *testing.T) {
 // ACL user granted only the commands docs/failure-modes.md lists, on its
 // own keys, on a server and on a Cluster.
 func TestLeastPrivilege(t *testing.T) {
+	t.Parallel()
 	mk := aclEnv(t)
 	t.Run("Semantics", func(t *testing.T) { runSemantics(t, mk) })
 	t.Run("AllowAll", func(t *testing.T) { runAllowAll(t, mk) })

@@ -19,6 +19,7 @@ import (
 // reference model, run with Rate/3, agrees on every field but Limit (the
 // caller's) and Degraded (true).
 func TestFailLocalMatchesModel(t *testing.T) {
+	t.Parallel()
 	const replicas = 3
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
@@ -68,6 +69,7 @@ func TestFailLocalMatchesModel(t *testing.T) {
 // Shadow limits), FailLocal decides all or nothing against each limit's
 // share, as the model does with the shares for limits.
 func TestFailLocalMatchesModelMixed(t *testing.T) {
+	t.Parallel()
 	const replicas = 3
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
@@ -120,6 +122,7 @@ func TestFailLocalMatchesModelMixed(t *testing.T) {
 // Four replicas on FailLocal, each with its own process-local windows,
 // together admit about the limit while Redis is down: each its quarter.
 func TestFailLocalShares(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })

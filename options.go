@@ -6,15 +6,15 @@ import (
 	"time"
 )
 
-// DefaultTimeout is how long one decision may spend on Redis unless
+// defaultTimeout is how long one decision may spend on Redis unless
 // WithTimeout says otherwise. A healthy Redis answers in well under a
 // millisecond; 100ms leaves room for a dial and a busy server while keeping a
 // dead one from holding up the request that asked.
-const DefaultTimeout = 100 * time.Millisecond
+const defaultTimeout = 100 * time.Millisecond
 
-// DefaultPrefix starts every key the Limiter writes unless WithPrefix says
+// defaultPrefix starts every key the Limiter writes unless WithPrefix says
 // otherwise.
-const DefaultPrefix = "ratelimit"
+const defaultPrefix = "ratelimit"
 
 // FailurePolicy decides a request when Redis cannot: when it is unreachable,
 // slow past the timeout, or answers with an error.
@@ -80,12 +80,12 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		prefix:          DefaultPrefix,
+		prefix:          defaultPrefix,
 		now:             time.Now,
 		policy:          FailOpen,
-		timeout:         DefaultTimeout,
+		timeout:         defaultTimeout,
 		replicas:        1,
-		batchMax:        DefaultBatch,
+		batchMax:        defaultBatch,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
 	}
@@ -131,7 +131,7 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 }
 
 // WithTimeout bounds the time one decision spends on Redis (default
-// DefaultTimeout, 100ms), dial, retries and all. Past it the decision goes to
+// 100ms), dial, retries and all, from the moment it asks, queue included. Past it the decision goes to
 // the failure policy. The bound holds whatever the client's own timeouts:
 // with a client whose ContextTimeoutEnabled is false (go-redis's default) the
 // Limiter stops waiting for the reply itself, and the client gives up on the
@@ -158,17 +158,18 @@ func WithTimeout(d time.Duration) Option {
 // through another Limiter (another server), or a key deleted by hand, leaves
 // this one denying the client until the cached counts would have let it
 // through, at most two windows. Ids longer than 256 bytes are not cached, so
-// an entry costs a few hundred bytes at most.
+// an entry costs a few hundred bytes at most. It has no effect with
+// WithCountDenied, whose denials must reach Redis to be counted.
 func WithDenyCache(maxEntries int) Option {
 	return optionFunc(func(c *config) { c.denyMax = max(0, maxEntries) })
 }
 
-// DefaultBatch is the most requests one script call carries when
+// defaultBatch is the most requests one script call carries when
 // concurrent decisions are batched, unless WithBatching says otherwise.
-const DefaultBatch = 64
+const defaultBatch = 64
 
 // WithBatching sets how many requests one script call may carry (default
-// DefaultBatch) when concurrent decisions share calls. Batching is on by
+// 64) when concurrent decisions share calls. Batching is on by
 // default. While calls are in flight (two at most), the decisions that
 // arrive wait and then go together. Redis spends most of a call on invoking
 // the script, so under concurrent load this multiplies the decisions one

@@ -11,11 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultSyncInterval is how often a RedisClock asks Redis for its time
+// defaultSyncInterval is how often a RedisClock asks Redis for its time
 // unless WithSyncInterval says otherwise. Between samples it extrapolates
 // with the local monotonic clock, which drifts by well under a millisecond
 // in 10 seconds, so more frequent samples would buy nothing but round trips.
-const DefaultSyncInterval = 10 * time.Second
+const defaultSyncInterval = 10 * time.Second
 
 const (
 	// syncRetry is how soon the background loop tries again after a failed
@@ -36,7 +36,7 @@ const (
 //	defer rc.Close()
 //	limiter := ratelimit.New(client, ratelimit.WithClock(rc.Now))
 //
-// It samples Redis's TIME now and then (DefaultSyncInterval), takes the
+// It samples Redis's TIME now and then (every 10 seconds), takes the
 // reply as Redis's time at the middle of the round trip, and in between
 // extrapolates with the local clock: with the default local clock, time.Now,
 // that is Go's monotonic reading, so steps of the local wall clock between
@@ -111,7 +111,7 @@ type redisClockConfig struct {
 }
 
 // WithSyncInterval sets how often the background goroutine asks Redis for
-// its time (default DefaultSyncInterval, 10s); after a failed sync it tries
+// its time (default 10s); after a failed sync it tries
 // again after a second, or after d if that is shorter. A d of zero or less
 // turns the background sync off: NewRedisClock then starts no goroutine, and
 // the clock moves to Redis's time only when Sync is called.
@@ -149,7 +149,7 @@ func WithSyncErrorHandler(fn func(ctx context.Context, err error)) RedisClockOpt
 // With a nil client it starts none, Now reads the local clock, and Sync
 // returns ErrNilClient.
 func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *RedisClock {
-	cfg := redisClockConfig{interval: DefaultSyncInterval, local: time.Now}
+	cfg := redisClockConfig{interval: defaultSyncInterval, local: time.Now}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.apply(&cfg)

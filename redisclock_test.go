@@ -40,6 +40,7 @@ func manual(t *testing.T, mr *miniredis.Miniredis, local *clock.Fake) (*redis.Cl
 }
 
 func TestRedisClockFollowsRedisTime(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetTime(redisT)
 	local := clock.NewFake(redisT.Add(-time.Hour + 17*time.Millisecond))
@@ -64,6 +65,7 @@ func TestRedisClockFollowsRedisTime(t *testing.T) {
 }
 
 func TestRedisClockRoundTrip(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetTime(redisT)
 	local := clock.NewFake(redisT.Add(time.Minute))
@@ -82,6 +84,7 @@ func TestRedisClockRoundTrip(t *testing.T) {
 }
 
 func TestRedisClockNeverGoesBack(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetTime(redisT)
 	local := clock.NewFake(redisT.Add(-time.Minute))
@@ -122,6 +125,7 @@ func TestRedisClockNeverGoesBack(t *testing.T) {
 }
 
 func TestRedisClockNowConcurrent(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetTime(redisT)
 	client := newClient(t, &redis.Options{Addr: mr.Addr()})
@@ -171,6 +175,7 @@ func TestRedisClockNowDoesNotAllocate(t *testing.T) {
 }
 
 func TestRedisClockErrors(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetTime(redisT)
 	local := clock.NewFake(redisT.Add(30 * time.Second))
@@ -190,6 +195,7 @@ func TestRedisClockErrors(t *testing.T) {
 }
 
 func TestRedisClockNilClient(t *testing.T) {
+	t.Parallel()
 	local := clock.NewFake(redisT)
 	rc := ratelimit.NewRedisClock(nil, ratelimit.WithLocalClock(local.Now))
 	require.ErrorIs(t, rc.Sync(t.Context()), ratelimit.ErrNilClient)
@@ -200,6 +206,7 @@ func TestRedisClockNilClient(t *testing.T) {
 // A sync that hangs gives up after a second, whatever the caller's ctx and
 // the client's own timeouts.
 func TestRedisClockSyncHungRedis(t *testing.T) {
+	t.Parallel()
 	client := newClient(t, &redis.Options{Addr: redistest.Silent(t), MaxRetries: -1, ReadTimeout: time.Minute})
 	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0))
 	defer rc.Close()
@@ -231,6 +238,7 @@ func TestRedisClockClose(t *testing.T) {
 // Close does not wait for a sync that hangs: the goroutine returns at once.
 // The sync it cuts short is no failure of Redis's, and reaches no handler.
 func TestRedisClockCloseWhileHung(t *testing.T) {
+	t.Parallel()
 	started := make(chan struct{})
 	var once sync.Once
 	client := newClient(t, &redis.Options{Addr: redistest.Silent(t), MaxRetries: -1, ReadTimeout: time.Minute})
@@ -258,6 +266,7 @@ func TestRedisClockCloseWhileHung(t *testing.T) {
 // than after the interval, so that it adopts a new server soon after a
 // failover.
 func TestRedisClockRetriesSoon(t *testing.T) {
+	t.Parallel()
 	addr := deadAddr(t) // nothing listens there yet: syncs fail
 
 	client := newClient(t, &redis.Options{Addr: addr, MaxRetries: -1})
@@ -287,6 +296,7 @@ func TestRedisClockRetriesSoon(t *testing.T) {
 // Every background sync that fails hands its error to the handler; a Sync
 // call's error goes to its caller only.
 func TestRedisClockSyncErrorHandler(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	mr.SetError("NOPERM this user has no permissions to run the 'time' command")
 	client := newClient(t, &redis.Options{Addr: mr.Addr(), MaxRetries: -1})
@@ -324,6 +334,7 @@ func TestRedisClockSyncErrorHandler(t *testing.T) {
 // and it ignores the errors of the CLIENT MAINT_NOTIFICATIONS and CLIENT
 // SETINFO it sends next, so neither +hello nor +client is in the rules.
 func TestRedisClockRealServerACL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	user := func(name string, rules ...string) *redis.Client {
@@ -482,6 +493,7 @@ func captureLog(t *testing.T) *lockedLog {
 // Against a real redis-server, on this machine's clock: a local clock a
 // minute off is corrected to within the round trip.
 func TestRedisClockRealServer(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	for _, skew := range []time.Duration{0, time.Minute, -time.Minute} {
@@ -500,7 +512,8 @@ func TestRedisClockRealServer(t *testing.T) {
 }
 
 func TestRedisClockRealCluster(t *testing.T) {
-	addrs := redistest.StartCluster(t, 3)
+	t.Parallel()
+	addrs := redistest.SharedCluster(t)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	defer client.Close()
 	rc := ratelimit.NewRedisClock(client, ratelimit.WithSyncInterval(0),

@@ -18,11 +18,20 @@ import (
 	"github.com/slidingwindow/ratelimit"
 )
 
-func TestShadowMiniredis(t *testing.T) { runShadow(t, miniredisEnv, false) }
+func TestShadowMiniredis(t *testing.T) {
+	t.Parallel()
+	runShadow(t, miniredisEnv, false)
+}
 
-func TestShadowRedisServer(t *testing.T) { runShadow(t, serverEnv(t), true) }
+func TestShadowRedisServer(t *testing.T) {
+	t.Parallel()
+	runShadow(t, serverEnv(t), true)
+}
 
-func TestShadowRedisCluster(t *testing.T) { runShadow(t, clusterEnv(t), true) }
+func TestShadowRedisCluster(t *testing.T) {
+	t.Parallel()
+	runShadow(t, clusterEnv(t), true)
+}
 
 // runShadow runs the shadow tests against one kind of Redis; realTime says
 // that it expires keys in real time (see pacer).
@@ -278,6 +287,7 @@ func testWithShadowTwin(t *testing.T, e env, realTime bool) {
 // and from Event.Results what they would have been: Shadowed where a
 // limit would have denied; Allowed is the answer given.
 func TestObserverSeesShadow(t *testing.T) {
+	t.Parallel()
 	e := miniredisEnv(t)
 	ctx := context.Background()
 	var seen observed
@@ -325,6 +335,7 @@ func TestObserverSeesShadow(t *testing.T) {
 // current count, up to the Rate, and the Result says so: Count includes it
 // and RetryAfter is the wait from there, exact to the ms.
 func TestCountDeniedResults(t *testing.T) {
+	t.Parallel()
 	e := miniredisEnv(t)
 	ctx := context.Background()
 	l := e.limiter(ratelimit.WithCountDenied(true))
@@ -381,6 +392,7 @@ func TestCountDeniedResults(t *testing.T) {
 // that can never pass it, and not under the others either. A client that
 // retries such a 429 must not burn its hourly quota for nothing.
 func TestCountDeniedNeverCountsAnImpossibleRequest(t *testing.T) {
+	t.Parallel()
 	for _, b := range singleServers(t) {
 		t.Run(b.name, func(t *testing.T) {
 			e := b.mk(t)
@@ -418,6 +430,7 @@ func TestCountDeniedNeverCountsAnImpossibleRequest(t *testing.T) {
 // through again once it slows to 5 a second. Its current count never
 // exceeds the Rate.
 func TestCountDeniedBlocksUntilSlower(t *testing.T) {
+	t.Parallel()
 	limit := ratelimit.PerSecond(10)
 	run := func(t *testing.T, countDenied bool) (fast, slow int, firstSlow time.Duration) {
 		e := miniredisEnv(t)
@@ -447,12 +460,12 @@ func TestCountDeniedBlocksUntilSlower(t *testing.T) {
 		}
 		return fast, slow, firstSlow
 	}
-	fast, slow, first := run(t, false)
+	fast, slow, _ := run(t, false)
 	t.Logf("without: %d of 100 through at 20/s, %d of 25 at 5/s", fast, slow)
 	require.GreaterOrEqual(t, fast, 45)
 	require.GreaterOrEqual(t, slow, 24)
 
-	fast, slow, first = run(t, true)
+	fast, slow, first := run(t, true)
 	t.Logf("with: %d of 100 through at 20/s, %d of 25 at 5/s, the first %v after slowing", fast, slow, first)
 	require.Equal(t, 10, fast, "the first 10, then none")
 	// At 5 s the previous second holds 10 (its denials, up to the Rate):

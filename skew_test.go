@@ -115,6 +115,7 @@ func summary(steps []step, ds []decision) (admitted int64, denied int) {
 // decide exactly what one limiter on one clock decides, request by request,
 // across resyncs.
 func TestSkewRedisClockAgrees(t *testing.T) {
+	t.Parallel()
 	steps := skewSteps()
 	want := reference(t, steps)
 	admitted, denied := summary(steps, want)
@@ -151,6 +152,7 @@ func TestSkewRedisClockAgrees(t *testing.T) {
 // in windows the others have left. Each sees the others' counts only as the
 // faded "previous window", or not at all.
 func TestSkewLocalClocksDisagree(t *testing.T) {
+	t.Parallel()
 	steps := skewSteps()
 	want := reference(t, steps)
 
@@ -202,6 +204,7 @@ func burst(t *testing.T, limiters []*ratelimit.Limiter, limit ratelimit.Limit) i
 // 22 requests pass a limit of 10 in one instant. With RedisClocks the three
 // agree and admit 10.
 func TestSkewBurstOvershoot(t *testing.T) {
+	t.Parallel()
 	limit := ratelimit.Limit{Rate: 10, Window: time.Minute}
 	first := time.Date(2031, 5, 6, 7, 8, 40, 0, time.UTC) // 40s into a minute
 
@@ -235,6 +238,7 @@ func TestSkewBurstOvershoot(t *testing.T) {
 // amounts: once synced, the three clocks agree to within half their
 // samples' round trips (a few ms on an idle machine), not 75s.
 func TestSkewRealServer(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	clocks := make([]*ratelimit.RedisClock, len(skews))

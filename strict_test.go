@@ -12,11 +12,20 @@ import (
 	"github.com/slidingwindow/ratelimit"
 )
 
-func TestStrictMiniredis(t *testing.T) { runStrict(t, miniredisEnv) }
+func TestStrictMiniredis(t *testing.T) {
+	t.Parallel()
+	runStrict(t, miniredisEnv)
+}
 
-func TestStrictRedisServer(t *testing.T) { runStrict(t, serverEnv(t)) }
+func TestStrictRedisServer(t *testing.T) {
+	t.Parallel()
+	runStrict(t, serverEnv(t))
+}
 
-func TestStrictRedisCluster(t *testing.T) { runStrict(t, clusterEnv(t)) }
+func TestStrictRedisCluster(t *testing.T) {
+	t.Parallel()
+	runStrict(t, clusterEnv(t))
+}
 
 // runStrict runs every test of strict limits against one kind of Redis.
 func runStrict(t *testing.T, mk newEnv) {
@@ -59,6 +68,7 @@ func mostInAnySpan(adm []admission, w int64) int64 {
 }
 
 func TestMostInAnySpan(t *testing.T) {
+	t.Parallel()
 	adm := []admission{{100, 1}, {109, 2}, {110, 3}, {119, 1}, {130, 5}}
 	require.Equal(t, int64(5), mostInAnySpan(adm, 10)) // [101, 110] and [121, 130]
 	require.Equal(t, int64(6), mostInAnySpan(adm, 11)) // [100, 110] and [109, 119]
@@ -121,6 +131,7 @@ func strictTrace(rng *rand.Rand, start, w, rate int64) []admission {
 // more than Rate, and Rate itself (the opening burst); the sliding limit
 // more than Rate somewhere, so that the trace can tell the two apart.
 func TestStrictNeverExceedsRate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		rate   int64
 		window time.Duration

@@ -12,6 +12,7 @@ import (
 // A flood of distinct ids never grows the in-process tables past their
 // bound.
 func TestWindowTableBounded(t *testing.T) {
+	t.Parallel()
 	table := newWindowTable(64)
 	for i := range 10_000 {
 		table.update("id-"+strconv.Itoa(i), position{w: 1000}, func(windowEntry, bool) (windowEntry, bool) {
@@ -36,6 +37,7 @@ func TestWindowTableBounded(t *testing.T) {
 // kept by FailLocal under a stand-in of bounded length that no short id can
 // equal.
 func TestLongIDs(t *testing.T) {
+	t.Parallel()
 	c := newDenyCache(10)
 	long := strings.Repeat("x", maxCachedID+1)
 	d := &decision{cost: 1, limits: []Limit{PerSecond(1)}}

@@ -228,7 +228,7 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 			b.done(probe, nil)
 		}
 	}
-	if err != nil && !left && Unavailable(err) {
+	if err != nil && !left && IsOutage(err) {
 		t.reload()
 	}
 	if err == nil {

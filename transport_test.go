@@ -15,8 +15,8 @@ import (
 )
 
 // callSizes is a go-redis hook that records, for each script call, how
-// many keys it carried, its length, and how many requests; a call that
-// the server refused with NOSCRIPT, and that goes again as EVAL, once.
+// many keys it carried, its length, and how many requests, for the calls
+// that succeeded (one refused with NOSCRIPT goes again as EVAL).
 type callSizes struct {
 	mu                 sync.Mutex
 	keys, values, reqs []int
@@ -27,7 +27,7 @@ func (h *callSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *callSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if name := cmd.Name(); (name == "evalsha" || name == "eval") && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && err == nil {
 			args := cmd.Args()
 			nreqs, nkeys := callShape(args)
 			h.mu.Lock()
@@ -51,6 +51,7 @@ func (h *callSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // such requests made a call of 11,264 keys, and Redis failed it with "too
 // many results to unpack".
 func TestLargeBatchesFitOneCall(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 8})
 	t.Cleanup(func() { _ = client.Close() })
@@ -95,6 +96,7 @@ func TestLargeBatchesFitOneCall(t *testing.T) {
 
 // A server that does not run Lua scripts gives an error that says so.
 func TestServerWithoutScripting(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Fake(t, map[string]string{"ping": "+PONG\r\n"}) // every other command is unknown
 	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, Protocol: 2})
 	t.Cleanup(func() { _ = client.Close() })
@@ -104,7 +106,7 @@ func TestServerWithoutScripting(t *testing.T) {
 	require.ErrorIs(t, err, errNoScripting)
 	require.ErrorContains(t, err, "does not run Lua scripts")
 	require.ErrorContains(t, err, "unknown command")
-	require.False(t, Unavailable(err), "a server without scripting is up: it opens no breaker")
+	require.False(t, IsOutage(err), "a server without scripting is up: it opens no breaker")
 }
 
 // callShape returns the number of requests and keys of a script call from

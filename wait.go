@@ -49,6 +49,13 @@ func (l *Limiter) Wait(ctx context.Context, id string, limit Limit) error {
 // first after the window frees up gets in, and one waiter may be denied
 // again. Sleeps are in real time, whatever clock WithClock set.
 //
+// To pace calls to a third party that counts its quota over any span of
+// the window (most do), make the limit Strict: a sliding limit is an
+// estimate, and waiters let in together as a window turns can fit more
+// than the rate into one span, up to twice it (11 calls in a second of 10
+// a second in `go run ./examples/worker` with a sliding limit; never more
+// than 10 with the example's strict one).
+//
 // It returns at once:
 //   - ErrNeverAllowed (wrapped) for a valid limit and n above its Rate,
 //     without consulting Redis;

@@ -275,6 +275,7 @@ func checkWaitLog(t *testing.T, limit Limit, n int64, log []waitEvent) *waitMode
 }
 
 func TestWaitAdmitsWhenTheWindowAllows(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name           string
 		limit          Limit
@@ -316,6 +317,7 @@ func TestWaitAdmitsWhenTheWindowAllows(t *testing.T) {
 // at +0, the 6th request fits at +1001ms (floor(5 × 999/1000) = 4), the 7th
 // at +1201ms (1 + floor(5 × 799/1000) = 4).
 func TestWaitSleepsExactRetryAfter(t *testing.T) {
+	t.Parallel()
 	e := newWaitEnv(t)
 	limit := PerSecond(5)
 	ctx := context.Background()
@@ -344,6 +346,7 @@ func TestWaitSleepsExactRetryAfter(t *testing.T) {
 }
 
 func TestWaitJitterBounds(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		wait, window, want time.Duration
 	}{
@@ -372,6 +375,7 @@ func TestWaitJitterBounds(t *testing.T) {
 }
 
 func TestWaitCostAboveRate(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed, FailLocal} {
 		t.Run(policy.String(), func(t *testing.T) {
 			e := newWaitEnv(t, WithFailurePolicy(policy))
@@ -390,6 +394,7 @@ func TestWaitCostAboveRate(t *testing.T) {
 }
 
 func TestWaitInvalidInput(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		id    string
@@ -417,6 +422,7 @@ func TestWaitInvalidInput(t *testing.T) {
 }
 
 func TestWaitDeadline(t *testing.T) {
+	t.Parallel()
 	// 3 a minute used up at +0: the 4th fits at +60001ms (floor(3 × 59999/60000) = 2).
 	const need = 60001 * time.Millisecond
 	limit := PerMinute(3)
@@ -466,6 +472,7 @@ func TestWaitDeadline(t *testing.T) {
 }
 
 func TestWaitContextDone(t *testing.T) {
+	t.Parallel()
 	limit := PerSecond(5)
 
 	t.Run("cancelled during the sleep", func(t *testing.T) {
@@ -508,6 +515,7 @@ func TestWaitContextDone(t *testing.T) {
 }
 
 func TestWaitRedisDown(t *testing.T) {
+	t.Parallel()
 	limit := PerSecond(5)
 	ctx := context.Background()
 

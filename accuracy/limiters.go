@@ -1,9 +1,5 @@
 package main
 
-import (
-	"github.com/slidingwindow/ratelimit/internal/window"
-)
-
 // limit is one client's limit: at most rate (in cost) per w ms.
 type limit struct{ rate, w int64 }
 
@@ -24,14 +20,14 @@ type algorithm struct {
 var algorithms = []algorithm{
 	{"exact log", "the truth: allowed iff the cost admitted in the last W ms, plus this one, is at most R (a sorted-set log, memory per request)",
 		func(l limit) decider { return &exactLog{limit: l} }},
-	{"sliding (this library)", "allowed iff window.Estimate(cur, prev, W, e) + n <= R, the arithmetic the library's differential tests hold equal to its Lua script",
+	{"sliding (this library)", "allowed iff estimate(cur, prev, W, e) + n <= R: the library's arithmetic, held to its own decisions by window_test.go",
 		func(l limit) decider { return &sliding{limit: l} }},
 	{"fixed window", "allowed iff the current window's count + n <= R",
 		func(l limit) decider { return &fixed{limit: l} }},
 	{"GCRA (redis_rate)", "go-redis/redis_rate's GCRA with its default burst = R and emission interval W/R, in exact integers",
 		func(l limit) decider { return &gcra{limit: l, burst: l.rate} }},
-	{"strict (k=10)", "allowed iff window.StrictCount of the k+1 sub-windows of W/k ms + n <= R",
-		func(l limit) decider { return &strict{limit: l, s: l.w / window.SubWindows} }},
+	{"strict (k=10)", "allowed iff strictCount of the k+1 sub-windows of W/k ms + n <= R",
+		func(l limit) decider { return &strict{limit: l, s: l.w / subWindows} }},
 	{"count-denied", "the library's sliding window, but a denied request's cost is added to the current count too (Cloudflare's rule), up to R: the script adds min(n, R - current count)",
 		func(l limit) decider { return &sliding{limit: l, countDenied: true} }},
 }
@@ -102,7 +98,7 @@ func (d *sliding) advance(j int64) {
 func (d *sliding) allow(t, n int64) bool {
 	j := t / d.w
 	d.advance(j)
-	if window.Estimate(d.cur, d.prev, d.w, t-j*d.w)+n <= d.rate {
+	if estimate(d.cur, d.prev, d.w, t-j*d.w)+n <= d.rate {
 		d.cur += n
 		return true
 	}
@@ -156,11 +152,11 @@ type strict struct {
 	limit
 	s    int64
 	j    int64 // the newest sub-window counted
-	ring [window.SubWindows + 1]int64
+	ring [subWindows + 1]int64
 }
 
 func (d *strict) allow(t, n int64) bool {
-	const slots = window.SubWindows + 1
+	const slots = subWindows + 1
 	j := t / d.s
 	for x := max(d.j+1, j-slots+1); x <= j; x++ {
 		d.ring[x%slots] = 0
@@ -170,7 +166,7 @@ func (d *strict) allow(t, n int64) bool {
 	for i := range min(slots, j+1) { // none before time 0
 		counts[i] = d.ring[(j-i)%slots]
 	}
-	if window.StrictCount(counts[:])+n > d.rate {
+	if strictCount(counts[:])+n > d.rate {
 		return false
 	}
 	d.ring[j%slots] += n

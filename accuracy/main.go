@@ -6,8 +6,8 @@
 //	cd accuracy && go run .
 //
 // It is a module of its own so that its code never reaches the library's
-// users; it imports the library's internal/window, the arithmetic the
-// library decides with.
+// users. It decides with the library's arithmetic (window.go), which
+// window_test.go holds to the library's own decisions.
 package main
 
 import (

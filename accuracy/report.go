@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // markdown renders the study as docs/accuracy.md. It holds nothing that
@@ -92,7 +90,7 @@ func (s *study) markdown() string {
 	p("The sliding window lets the second R through gradually: it weighs the previous window's R as if spread evenly over it, ")
 	p("while the attacker sent it all in its last %s, so the estimate falls faster than the real count. ", seconds(c.Window/60))
 	p("Strict mode and the exact log stay at R; strict mode admits nothing more until the sub-window holding the burst has left its count ")
-	p("(up to W/k = %s later than the exact log).\n\n", seconds(c.Window/window.SubWindows))
+	p("(up to W/k = %s later than the exact log).\n\n", seconds(c.Window/subWindows))
 
 	p("## What the model leaves out\n\n")
 	p("- GCRA is redis_rate's rule in exact integers at ms resolution; redis_rate computes in float seconds from Redis's TIME, at µs resolution.\n")
@@ -108,7 +106,7 @@ func (s *study) writeStrictCost(b *strings.Builder) {
 	c := s.config
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	iExact, iSliding, iStrict := s.algoIndex("exact log"), s.algoIndex("sliding (this library)"), s.algoIndex("strict (k=10)")
-	k := int64(window.SubWindows)
+	k := int64(subWindows)
 	steady := s.trace("steady 95%")
 	p("## What strict mode costs honest clients\n\n")
 	p("Strict mode counts the oldest of its k+1 = %d sub-windows in full, so an admitted request stays counted for W to W + W/k ms ", k+1)
@@ -135,10 +133,10 @@ func (s *study) writeStrictCost(b *strings.Builder) {
 	}
 	p("\nOn these traces strict mode wrongly denies at most %.3f%% of an honest client's requests (%s); ", 100*worst, worstTrace)
 	p("a client far from its limit loses nothing. It never wrongly allows one.\n\n")
-	p("Its memory: k+1 = %d counts per active client where the sliding window keeps 2. ", window.SubWindows+1)
+	p("Its memory: k+1 = %d counts per active client where the sliding window keeps 2. ", subWindows+1)
 	p("Kept as keys like the sliding window's (133 bytes per key as bench/README.md measures them), that is about %s bytes per client against 266, ",
-		num(133*(window.SubWindows+1)))
-	p("and every decision reads %d counts rather than 2.\n\n", window.SubWindows+1)
+		num(133*(subWindows+1)))
+	p("and every decision reads %d counts rather than 2.\n\n", subWindows+1)
 }
 
 // writeChoice writes the table of which mode to pick for what, with the
@@ -161,8 +159,8 @@ func (s *study) writeChoice(b *strings.Builder) {
 		pct(steady.outcomes[iSliding].wrongAllow, steady.outcomes[iSliding].requests),
 		pct(steady.outcomes[iSliding].wrongDeny, steady.outcomes[iSliding].requests))
 	p("| strict | logins, one-time codes, password resets: a hard bound must hold | %s, always, by construction | %d counts per client; a steady client passes at most %.1f%% of the limit's rate, and honest clients near the limit are denied sooner (%s of requests wrongly denied, steady 95%%) |\n",
-		times(max(precise.outcomes[iStrict].worst, bnd.outcomes[iStrict].worst), c.Rate), window.SubWindows+1,
-		100*float64(window.SubWindows)/float64(window.SubWindows+1),
+		times(max(precise.outcomes[iStrict].worst, bnd.outcomes[iStrict].worst), c.Rate), subWindows+1,
+		100*float64(subWindows)/float64(subWindows+1),
 		pct(steady.outcomes[iStrict].wrongDeny, steady.outcomes[iStrict].requests))
 	p("| count-denied | abusive clients that keep retrying must slow down | %s against the boundary attacker (sliding: %s); a precise attacker is never denied, so %s | a client retrying while denied stays denied until it pauses: the boundary attacker gets %s of its requests through (exact log %s, sliding %s); honest clients near the limit lose more (%s of requests wrongly denied, steady 95%%) |\n",
 		times(bnd.outcomes[iDenied].worst, c.Rate), times(bnd.outcomes[iSliding].worst, c.Rate),

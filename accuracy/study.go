@@ -8,7 +8,7 @@ import (
 // length and clients, and the seed they are drawn from.
 type config struct {
 	Rate      int64  // R, in cost per window
-	Window    int64  // W, in ms: a multiple of window.SubWindows ms and of 60
+	Window    int64  // W, in ms: a multiple of subWindows ms and of 60
 	Windows   int64  // each trace's length, in windows
 	Clients   int    // clients of the honest traces
 	Attackers int    // clients of the attackers' traces

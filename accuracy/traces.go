@@ -6,8 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-
-	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // request is one request of a trace: its ms (from 0, where windows and
@@ -62,7 +60,7 @@ var traceSpecs = []traceSpec{
 			clients: c.Attackers, reqs: boundary(c, rng)}
 	}},
 	{"precise attacker", false, func(c config, rng *rand.Rand) trace {
-		return trace{about: "Knows window.Estimate and is never denied by the library: sends nothing until the last ms of a window, then all the estimate allows there (R); through the next window, at every ms all the estimate allows; and again. It puts 2R in one span of W every two windows",
+		return trace{about: "Knows the estimate and is never denied by the library: sends nothing until the last ms of a window, then all the estimate allows there (R); through the next window, at every ms all the estimate allows; and again. It puts 2R in one span of W every two windows",
 			clients: c.Attackers, reqs: precise(c, rng)}
 	}},
 }
@@ -170,7 +168,7 @@ func precise(c config, rng *rand.Rand) []request {
 		// library would: every request it sends is allowed.
 		var cur, prev int64
 		send := func(t, e int64) {
-			n := r - window.Estimate(cur, prev, w, e)
+			n := r - estimate(cur, prev, w, e)
 			for range n {
 				reqs = append(reqs, request{t: t, client: int32(cl), n: 1})
 			}

@@ -2,11 +2,12 @@ package grpclimit
 
 import (
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/metadata"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/headers"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // Response header metadata keys. They carry what httplimit's HTTP headers
@@ -18,20 +19,23 @@ import (
 // decisions that ratelimit.WithShadow let through, send none of them, so
 // that clients see nothing of a trial.
 const (
-	// HeaderLimit is the binding limit's rate: the limit with the least
-	// remaining on an allowed call, the one that denied on a denied call.
+	// HeaderLimit is the binding limit's rate: the one ratelimit.Binding
+	// picks among the enforced limits, the least remaining on an allowed
+	// call, the longest wait on a denied one.
 	HeaderLimit = "ratelimit-limit"
 	// HeaderRemaining is what is left of the binding limit's rate after
 	// this call.
 	HeaderRemaining = "ratelimit-remaining"
-	// HeaderReset is in whole seconds, rounded up: until the binding
-	// limit's count is 0 on an allowed call, until the call would pass on a
-	// denied one; absent on a denial that can never pass.
+	// HeaderReset is in whole seconds, rounded up (httplimit.ResetSeconds):
+	// until the binding limit's count is 0 on an allowed call, until the
+	// call would pass on a denied one; absent on a denial that can never
+	// pass.
 	HeaderReset = "ratelimit-reset"
 	// HeaderPolicy has one value per enforced limit the call is decided
 	// against, in the order given: `"<name>";q=<rate>;w=<window in seconds, rounded up>`,
 	// as draft-ietf-httpapi-ratelimit-headers writes RateLimit-Policy. The
-	// name is Limit.Name, or one derived from the limit ("100-per-60s").
+	// name is httplimit.PolicyName's: Limit.Name, or one derived from the
+	// limit ("100-per-60s").
 	HeaderPolicy = "ratelimit-policy"
 	// HeaderRateLimit has one value per limit, in the same order:
 	// `"<name>";r=<remaining>;t=<as HeaderReset, for that limit>`, as the
@@ -46,33 +50,21 @@ const (
 // policy is a limit with what the headers say about it, worked out once.
 type policy struct {
 	limit  ratelimit.Limit
-	name   string // as the client sees it
-	quoted string // name as a Structured Fields String
+	quoted string // its name, as httplimit.PolicyName sends it
 	header string // its HeaderPolicy value
 }
 
 func newPolicy(limit ratelimit.Limit) policy {
-	name := limit.Name
-	if name == "" {
-		name = policyName(limit)
-	}
-	q := sfString(name)
+	q := httplimit.PolicyName(limit)
+	// The window in whole seconds, rounded up, as httplimit's
+	// RateLimit-Policy writes it.
+	w := (limit.Window + time.Second - 1) / time.Second
 	return policy{
 		limit:  limit,
-		name:   name,
 		quoted: q,
-		header: q + ";q=" + strconv.FormatInt(limit.Rate, 10) + ";w=" + strconv.FormatInt(seconds(limit.Window), 10),
+		header: q + ";q=" + strconv.FormatInt(limit.Rate, 10) + ";w=" + strconv.FormatInt(int64(w), 10),
 	}
 }
-
-// The header arithmetic httplimit and grpclimit share.
-var (
-	policyName   = headers.PolicyName
-	sfString     = headers.SFString
-	seconds      = headers.Seconds
-	resetSeconds = headers.ResetSeconds
-	neverPasses  = headers.NeverPasses
-)
 
 // headerMD returns the response header metadata of a decision: bind is the
 // binding Result, results those of set's enforced limits. A Degraded
@@ -88,12 +80,12 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 		return md
 	}
 	md[HeaderRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
-	never := neverPasses(bind)
+	never := !bind.Allowed && bind.RetryAfter < 0 // no wait makes it pass: no reset to name
 	values := make([]string, 0, len(set.enforced))
 	for _, i := range set.enforced {
 		v := set.policies[i].quoted + ";r=" + strconv.FormatInt(results[i].Remaining, 10)
 		if !never {
-			v += ";t=" + strconv.FormatInt(resetSeconds(results[i]), 10)
+			v += ";t=" + strconv.FormatInt(httplimit.ResetSeconds(results[i]), 10)
 		}
 		values = append(values, v)
 	}
@@ -101,7 +93,7 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 	if never {
 		return md
 	}
-	reset := strconv.FormatInt(resetSeconds(bind), 10)
+	reset := strconv.FormatInt(httplimit.ResetSeconds(bind), 10)
 	md[HeaderReset] = []string{reset}
 	if !bind.Allowed && bind.RetryAfter > 0 {
 		md[HeaderRetryAfter] = []string{reset}

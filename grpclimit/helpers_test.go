@@ -2,6 +2,7 @@ package grpclimit_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -22,7 +23,6 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/grpclimit"
-	"github.com/slidingwindow/ratelimit/internal/clock"
 )
 
 // start is where every test's fake clock starts: on a whole minute, so
@@ -78,7 +78,7 @@ func unaryMethod(name string) grpc.MethodDesc {
 type env struct {
 	t       *testing.T
 	mr      *miniredis.Miniredis
-	clock   *clock.Fake
+	clock   *fakeClock
 	limiter *ratelimit.Limiter
 	srv     *grpc.Server
 	serving sync.WaitGroup
@@ -88,7 +88,7 @@ type env struct {
 // limiterOpts go to ratelimit.New, after the fake clock.
 func newEnv(t *testing.T, limit ratelimit.Limit, opts []grpclimit.Option, limiterOpts ...ratelimit.Option) *env {
 	t.Helper()
-	e := &env{t: t, mr: miniredis.RunT(t), clock: clock.NewFake(start)}
+	e := &env{t: t, mr: miniredis.RunT(t), clock: newFakeClock(start)}
 	rdb := redis.NewClient(&redis.Options{Addr: e.mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	e.limiter = ratelimit.New(rdb, append([]ratelimit.Option{ratelimit.WithClock(e.clock.Now)}, limiterOpts...)...)
@@ -225,4 +225,60 @@ func repeat(c codes.Code, n int) []codes.Code {
 func ms(n int64) *time.Duration {
 	d := time.Duration(n) * time.Millisecond
 	return &d
+}
+
+// fakeClock is a clock that moves only when told to. Its Now fits
+// ratelimit.WithClock; it is safe for simultaneous use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock(t time.Time) *fakeClock { return &fakeClock{t: t} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Add moves the clock by d.
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// silentRedis returns the address of a listener that accepts connections
+// and reads from them but never answers: a Redis that looks alive and
+// hangs. It stops when t ends.
+func silentRedis(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
+		}
+	})
+	return ln.Addr().String()
 }

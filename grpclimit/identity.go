@@ -8,26 +8,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/slidingwindow/ratelimit/internal/clientaddr"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
-// UnknownClient is the key of every call whose client address cannot be
-// had: no peer, a peer that is not an IP address (an in-memory or Unix
-// socket connection), or, under WithTrustedMetadata, an entry that a
-// trusted proxy wrote and that is not an address. All such calls share
-// this one count, so a client cannot escape its limit by sending garbage.
-// It is httplimit.UnknownClient: one client without an address is one
-// count over HTTP and gRPC alike.
-const UnknownClient = "ip:unknown"
-
-// DefaultIPv6Prefix is how many leading bits of an IPv6 client address
-// make its key unless WithIPv6Prefix says otherwise, as in httplimit: a /64
-// is the smallest network an ISP hands out, and a host picks any address
-// inside it freely.
-const DefaultIPv6Prefix = 64
-
 // identity returns the id a call is counted under: WithKeyFunc's answer if
-// it is not empty, or else the client address's key.
+// it is not empty, or else the client address's key, httplimit.ClientKey's
+// (httplimit.UnknownClient for a call without a usable address), so that
+// one client is one count over HTTP and gRPC alike.
 func (c *config) identity(ctx context.Context, fullMethod string) string {
 	if c.keyFunc != nil {
 		if id := c.keyFunc(ctx, fullMethod); id != "" {
@@ -36,25 +23,23 @@ func (c *config) identity(ctx context.Context, fullMethod string) string {
 	}
 	a, ok := c.clientAddr(ctx)
 	if !ok {
-		return UnknownClient
+		return httplimit.UnknownClient
 	}
-	return clientaddr.Key(a, c.v6Bits)
+	return httplimit.ClientKey(a, c.v6Bits)
 }
 
 // clientAddr returns the call's client address: the peer's, or, from a
 // trusted peer under WithTrustedMetadata, the one the trusted metadata
-// names. It never panics, whatever the metadata holds.
+// names, read as httplimit.ForwardedClient reads X-Forwarded-For. It never
+// panics, whatever the metadata holds.
 func (c *config) clientAddr(ctx context.Context) (netip.Addr, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p == nil {
 		return netip.Addr{}, false
 	}
-	a, ok := clientaddr.FromNetAddr(p.Addr)
+	a, ok := fromNetAddr(p.Addr)
 	if c.mdKey == "" {
 		return a, ok
-	}
-	if ok && !clientaddr.Contains(c.trusted, a) {
-		return a, true
 	}
 	if !ok {
 		// A Unix socket peer is a process on this host, as trusted as
@@ -64,5 +49,45 @@ func (c *config) clientAddr(ctx context.Context) (netip.Addr, bool) {
 			return netip.Addr{}, false
 		}
 	}
-	return clientaddr.Walk(metadata.ValueFromIncomingContext(ctx, c.mdKey), a, c.trusted, clientaddr.Parse)
+	return httplimit.ForwardedClient(a, metadata.ValueFromIncomingContext(ctx, c.mdKey), c.trusted)
+}
+
+// fromNetAddr returns the IP address of a connection's peer, IPv4-mapped
+// IPv6 unmapped and without its zone: from a *net.TCPAddr, *net.UDPAddr or
+// *net.IPAddr, or else by parsing its String. It reports false, with the
+// zero Addr, for nil, for a peer that is not an IP address (a Unix socket,
+// an in-memory pipe) and for the unspecified address.
+func fromNetAddr(addr net.Addr) (netip.Addr, bool) {
+	var a netip.Addr
+	switch na := addr.(type) {
+	case nil, *net.UnixAddr:
+		return netip.Addr{}, false
+	case *net.TCPAddr:
+		if na == nil {
+			return netip.Addr{}, false
+		}
+		a = na.AddrPort().Addr()
+	case *net.UDPAddr:
+		if na == nil {
+			return netip.Addr{}, false
+		}
+		a = na.AddrPort().Addr()
+	case *net.IPAddr:
+		if na == nil {
+			return netip.Addr{}, false
+		}
+		a, _ = netip.AddrFromSlice(na.IP)
+	default:
+		s := addr.String()
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			a = ap.Addr()
+		} else {
+			a, _ = netip.ParseAddr(s)
+		}
+	}
+	a = a.Unmap().WithZone("")
+	if !a.IsValid() || a.IsUnspecified() {
+		return netip.Addr{}, false
+	}
+	return a, true
 }

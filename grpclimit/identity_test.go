@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/slidingwindow/ratelimit/internal/clientaddr"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 var private = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
@@ -31,7 +31,7 @@ var (
 	}}
 )
 
-// strAddr is a peer address of a kind clientaddr does not know.
+// strAddr is a peer address of a kind fromNetAddr does not know.
 type strAddr string
 
 func (a strAddr) Network() string { return "test" }
@@ -59,11 +59,58 @@ func callContext(peerStr string, md ...string) context.Context {
 	return metadata.NewIncomingContext(ctx, metadata.Pairs(md...))
 }
 
-// TestSharedConstants checks that the keys grpclimit documents are
-// httplimit's, which both take from clientaddr.
-func TestSharedConstants(t *testing.T) {
-	require.Equal(t, clientaddr.Unknown, UnknownClient)
-	require.Equal(t, clientaddr.DefaultIPv6Prefix, DefaultIPv6Prefix)
+// unknownClient is httplimit's: one client without an address is one
+// count over HTTP and gRPC alike.
+const unknownClient = httplimit.UnknownClient
+
+// TestSharedKeys checks that a call's key is the one httplimit gives its
+// address, whatever the prefix length.
+func TestSharedKeys(t *testing.T) {
+	for _, peer := range []string{"203.0.113.7", "::ffff:203.0.113.7", "2001:db8:1:2::7", "fe80::1%eth0"} {
+		for _, bits := range []int{0, 48, 128} {
+			a := netip.MustParseAddr(peer)
+			cfg := config{v6Bits: bits}
+			ctx := callContext(netip.AddrPortFrom(a, 1).String())
+			require.Equal(t, httplimit.ClientKey(a, bits), cfg.identity(ctx, "/test.Echo/A"), "%s /%d", peer, bits)
+		}
+	}
+}
+
+func TestFromNetAddr(t *testing.T) {
+	tests := []struct {
+		name string
+		addr net.Addr
+		want string // "" for no address
+	}{
+		{"tcp4", &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 1}, "203.0.113.7"},
+		{"tcp4 in a 16-byte slice", &net.TCPAddr{IP: net.ParseIP("203.0.113.7").To16(), Port: 1}, "203.0.113.7"},
+		{"tcp6 with zone", &net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}, "fe80::1"},
+		{"udp", &net.UDPAddr{IP: net.ParseIP("2001:db8::1")}, "2001:db8::1"},
+		{"ip", &net.IPAddr{IP: net.ParseIP("198.51.100.1")}, "198.51.100.1"},
+		{"ip with zone", &net.IPAddr{IP: net.ParseIP("fe80::2"), Zone: "eth0"}, "fe80::2"},
+		{"other kind, parsed", strAddr("[2001:db8::2]:80"), "2001:db8::2"},
+		{"other kind, no port", strAddr("::ffff:198.51.100.3"), "198.51.100.3"},
+		{"in-memory pipe", strAddr("bufconn"), ""},
+		{"unix socket", &net.UnixAddr{Name: "/run/app.sock", Net: "unix"}, ""},
+		{"unspecified", &net.TCPAddr{IP: net.IPv4zero}, ""},
+		{"no IP", &net.TCPAddr{}, ""},
+		{"bad IP slice", &net.IPAddr{IP: net.IP{1, 2, 3}}, ""},
+		{"nil", nil, ""},
+		{"nil *TCPAddr", (*net.TCPAddr)(nil), ""},
+		{"nil *UDPAddr", (*net.UDPAddr)(nil), ""},
+		{"nil *IPAddr", (*net.IPAddr)(nil), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, ok := fromNetAddr(tc.addr)
+			if tc.want == "" {
+				require.False(t, ok, "got %v", a)
+				return
+			}
+			require.True(t, ok)
+			require.Equal(t, netip.MustParseAddr(tc.want), a)
+		})
+	}
 }
 
 func TestIdentity(t *testing.T) {
@@ -79,14 +126,14 @@ func TestIdentity(t *testing.T) {
 		{"peer: IPv6 by /1", cfgV6Wide, callContext("[2001:db8:1:2::7]:1"), "ip6:::/1"},
 		{"peer: IPv4-mapped", cfgPeer, callContext("[::ffff:203.0.113.7]:1"), "ip:203.0.113.7"},
 		{"peer: zone dropped", cfgPeer, callContext("[fe80::1%eth0]:1"), "ip6:fe80::/64"},
-		{"peer: unix socket", cfgPeer, callContext("unix:/run/app.sock", spoofs...), UnknownClient},
-		{"peer: in-memory", cfgPeer, callContext("bufconn", spoofs...), UnknownClient},
-		{"peer: none", cfgPeer, callContext("none", spoofs...), UnknownClient},
-		{"peer: unspecified", cfgPeer, callContext("0.0.0.0:1"), UnknownClient},
+		{"peer: unix socket", cfgPeer, callContext("unix:/run/app.sock", spoofs...), unknownClient},
+		{"peer: in-memory", cfgPeer, callContext("bufconn", spoofs...), unknownClient},
+		{"peer: none", cfgPeer, callContext("none", spoofs...), unknownClient},
+		{"peer: unspecified", cfgPeer, callContext("0.0.0.0:1"), unknownClient},
 
 		{"xff: untrusted peer", cfgXFF, callContext("203.0.113.7:1", spoofs...), "ip:203.0.113.7"},
-		{"xff: untrusted in-memory peer", cfgXFF, callContext("bufconn", spoofs...), UnknownClient},
-		{"xff: no peer", cfgXFF, callContext("none", spoofs...), UnknownClient},
+		{"xff: untrusted in-memory peer", cfgXFF, callContext("bufconn", spoofs...), unknownClient},
+		{"xff: no peer", cfgXFF, callContext("none", spoofs...), unknownClient},
 		{"xff: trusted peer", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "203.0.113.9"), "ip:203.0.113.9"},
 		{"xff: client prepends a fake", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "1.1.1.1, 203.0.113.9"), "ip:203.0.113.9"},
 		{"xff: two proxies", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "1.1.1.1, 203.0.113.9, 10.0.0.2"), "ip:203.0.113.9"},
@@ -94,9 +141,9 @@ func TestIdentity(t *testing.T) {
 		{"xff: IPv6 client", cfgXFF, callContext("[fd00::1]:1", "x-forwarded-for", "[2001:db8:1:2::7]:443"), "ip6:2001:db8:1:2::/64"},
 		{"xff: every hop trusted", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "10.0.0.5, 10.0.0.2"), "ip:10.0.0.5"},
 		{"xff: trusted peer, no value", cfgXFF, callContext("10.0.0.1:1"), "ip:10.0.0.1"},
-		{"xff: garbage reached", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "203.0.113.9, unknown"), UnknownClient},
+		{"xff: garbage reached", cfgXFF, callContext("10.0.0.1:1", "x-forwarded-for", "203.0.113.9, unknown"), unknownClient},
 		{"xff: unix socket proxy", cfgXFF, callContext("unix:/run/envoy.sock", "x-forwarded-for", "1.1.1.1, 203.0.113.9"), "ip:203.0.113.9"},
-		{"xff: unix socket proxy, no value", cfgXFF, callContext("unix:/run/envoy.sock"), UnknownClient},
+		{"xff: unix socket proxy, no value", cfgXFF, callContext("unix:/run/envoy.sock"), unknownClient},
 		{"xff: other key not read", cfgXFF, callContext("10.0.0.1:1", "x-real-ip", "203.0.113.9"), "ip:10.0.0.1"},
 
 		{"real-ip: trusted, /128", cfgRealIP, callContext("10.0.0.1:1", "x-real-ip", "2001:db8::9"), "ip6:2001:db8::9/128"},
@@ -114,7 +161,7 @@ func TestIdentity(t *testing.T) {
 
 // FuzzIdentity feeds hostile peers and metadata values to every identity
 // rule and checks what must hold whatever they are: no panic, a key that is
-// never empty and is an address, a prefix or UnknownClient (when no key
+// never empty and is an address, a prefix or unknownClient (when no key
 // function answers), a key that without trusted metadata, or from a peer
 // outside the trusted ranges, depends on the peer alone, and, from a
 // trusted peer, the right-most untrusted entry. A '\n' in a value splits it
@@ -160,14 +207,14 @@ func FuzzIdentity(f *testing.F) {
 			}
 			p, ok := peer.FromContext(ctx)
 			if !ok {
-				if key != UnknownClient {
-					t.Fatalf("no peer: key %q, want %q", key, UnknownClient)
+				if key != unknownClient {
+					t.Fatalf("no peer: key %q, want %q", key, unknownClient)
 				}
 				continue
 			}
-			a, isIP := clientaddr.FromNetAddr(p.Addr)
+			a, isIP := fromNetAddr(p.Addr)
 			_, isUnix := p.Addr.(*net.UnixAddr)
-			trusted := isIP && clientaddr.Contains(cfg.trusted, a) || !isIP && isUnix
+			trusted := isIP && contains(cfg.trusted, a) || !isIP && isUnix
 			if !trusted {
 				if want := cfg.identity(bare, ""); key != want {
 					t.Fatalf("untrusted peer %q: key %q depends on metadata (from the peer alone: %q)", peerStr, key, want)
@@ -178,8 +225,8 @@ func FuzzIdentity(f *testing.F) {
 				continue
 			}
 			values := metadata.ValueFromIncomingContext(ctx, cfg.mdKey)
-			if last, ok := rightmost(values); ok && !clientaddr.Contains(cfg.trusted, last) {
-				if want := clientaddr.Key(last, cfg.v6Bits); key != want {
+			if last, ok := rightmost(values); ok && !contains(cfg.trusted, last) {
+				if want := httplimit.ClientKey(last, cfg.v6Bits); key != want {
 					t.Fatalf("right-most entry %v is untrusted: key %q, want %q", last, key, want)
 				}
 			}
@@ -193,7 +240,7 @@ func firstLine(s string) string {
 }
 
 // rightmost returns the last non-empty entry of values, parsed apart from
-// clientaddr.Walk, and whether it is an address.
+// httplimit.ForwardedClient, and whether it is an address.
 func rightmost(values []string) (netip.Addr, bool) {
 	var entries []string
 	for _, v := range values {
@@ -206,16 +253,45 @@ func rightmost(values []string) (netip.Addr, bool) {
 	if len(entries) == 0 {
 		return netip.Addr{}, false
 	}
-	return clientaddr.Parse(entries[len(entries)-1])
+	e := entries[len(entries)-1]
+	if len(e) > 64 {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(e)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(e)
+		if perr != nil {
+			if len(e) < 3 || e[0] != '[' || e[len(e)-1] != ']' {
+				return netip.Addr{}, false
+			}
+			if a, err = netip.ParseAddr(e[1 : len(e)-1]); err != nil || !a.Is6() {
+				return netip.Addr{}, false
+			}
+		} else {
+			a = ap.Addr()
+		}
+	}
+	a = a.Unmap().WithZone("")
+	return a, a.IsValid() && !a.IsUnspecified()
 }
 
-// checkKey fails t unless key is UnknownClient, "ip:" and an IPv4 address
+// contains reports whether a lies in one of prefixes.
+func contains(prefixes []netip.Prefix, a netip.Addr) bool {
+	for _, p := range prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkKey fails t unless key is unknownClient, "ip:" and an IPv4 address
 // in canonical form, or "ip6:" and a canonical, masked IPv6 prefix of the
 // config's length.
 func checkKey(t *testing.T, cfg config, key string) {
 	t.Helper()
 	switch {
-	case key == UnknownClient:
+	case key == unknownClient:
 		return
 	case strings.HasPrefix(key, "ip:"):
 		a, err := netip.ParseAddr(key[len("ip:"):])
@@ -226,13 +302,13 @@ func checkKey(t *testing.T, cfg config, key string) {
 		p, err := netip.ParsePrefix(key[len("ip6:"):])
 		bits := cfg.v6Bits
 		if bits == 0 {
-			bits = DefaultIPv6Prefix
+			bits = 64
 		}
 		if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() != bits || p != p.Masked() ||
 			p.String() != key[len("ip6:"):] || p.Addr().Zone() != "" {
 			t.Fatalf("key %q is not ip6:<IPv6 prefix>/%d", key, bits)
 		}
 	default:
-		t.Fatalf("key %q is neither an address, a prefix nor %q", key, UnknownClient)
+		t.Fatalf("key %q is neither an address, a prefix nor %q", key, unknownClient)
 	}
 }

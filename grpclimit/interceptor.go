@@ -52,6 +52,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -106,10 +107,10 @@ func StreamServerInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts .
 
 // NewUnary is UnaryServerInterceptor that reports a configuration error
 // instead of answering codes.Internal: a nil l, an invalid limit (see
-// ratelimit.Limit.Validate), or an option given invalid values; the error
+// ratelimit.ValidateLimits), or an option given invalid values; the error
 // names each problem.
 func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc.UnaryServerInterceptor, error) {
-	in, err := newInterceptor(l, limit, opts)
+	in, err := newInterceptor("NewUnary", l, limit, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +131,7 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 // NewStream is StreamServerInterceptor that reports a configuration error
 // instead of answering codes.Internal, as NewUnary does.
 func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc.StreamServerInterceptor, error) {
-	in, err := newInterceptor(l, limit, opts)
+	in, err := newInterceptor("NewStream", l, limit, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -160,8 +161,9 @@ type policySet struct {
 	limits   []ratelimit.Limit
 	policies []policy
 	// enforced are the indexes of the limits that can deny: all but Shadow
-	// ones. The headers and the binding Result are theirs; a set of Shadow
-	// limits only sends no header at all.
+	// ones. The headers are theirs, as is the binding Result
+	// (ratelimit.Binding passes over Shadow limits); a set of Shadow limits
+	// only sends no header at all.
 	enforced     []int
 	policyValues []string // HeaderPolicy, for the enforced limits
 	route        string   // "" for the default limit; else "<method>|"
@@ -188,7 +190,9 @@ type interceptor struct {
 	methods map[string]*policySet // WithMethodLimits; nil set: not limited
 }
 
-func newInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts []Option) (*interceptor, error) {
+// newInterceptor builds the interceptor of NewUnary or NewStream, which
+// fn names in the error.
+func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts []Option) (*interceptor, error) {
 	var cfg config
 	for _, opt := range opts {
 		if opt != nil {
@@ -198,13 +202,14 @@ func newInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts []Option) 
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("grpclimit: the Limiter is nil"))
 	}
-	if err := limit.Validate(); err != nil {
-		cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %w", err))
+	base := []ratelimit.Limit{limit}
+	if err := ratelimit.ValidateLimits(base); err != nil {
+		cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s: %w", fn, err))
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
-	in := &interceptor{cfg: cfg, limiter: l, base: newPolicySet("", []ratelimit.Limit{limit})}
+	in := &interceptor{cfg: cfg, limiter: l, base: newPolicySet("", base)}
 	if len(cfg.methods) > 0 {
 		in.methods = make(map[string]*policySet, len(cfg.methods))
 		for name, limits := range cfg.methods {
@@ -237,18 +242,18 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 	if err != nil {
 		var md metadata.MD
 		if len(set.enforced) > 0 && len(results) > 0 && results[0].Degraded {
-			md = headerMD(set, results, binding(set, results))
+			md = headerMD(set, results, ratelimit.Binding(results))
 		}
 		return md, in.errorStatus(ctx, fullMethod, err)
 	}
-	bind := binding(set, results)
+	bind := ratelimit.Binding(results)
 	if bind.Allowed {
 		if len(set.enforced) == 0 || shadowedThrough(set, results) {
 			return nil, nil
 		}
 		return headerMD(set, results, bind), nil
 	}
-	return headerMD(set, results, bind), denied(set, results, bind)
+	return headerMD(set, results, bind), denied(bind)
 }
 
 // shadowedThrough reports a decision that ratelimit.WithShadow let
@@ -263,41 +268,23 @@ func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
 	return false
 }
 
-// binding returns the Result that decided among set's enforced limits, or
-// among all when every limit is Shadow (see ratelimit.Binding).
-func binding(set *policySet, results []ratelimit.Result) ratelimit.Result {
-	if len(set.enforced) == len(results) || len(set.enforced) == 0 {
-		return ratelimit.Binding(results)
-	}
-	rs := make([]ratelimit.Result, 0, len(set.enforced))
-	for _, i := range set.enforced {
-		rs = append(rs, results[i])
-	}
-	return ratelimit.Binding(rs)
-}
-
 // denied returns the status of a denied call: ResourceExhausted, with a
-// RetryInfo of the exact wait when a retry can pass and Redis decided.
-func denied(set *policySet, results []ratelimit.Result, bind ratelimit.Result) error {
-	name := bind.Limit.Name
-	for i, r := range results {
-		if r.Limit == bind.Limit {
-			name = set.policies[i].name
-			break
-		}
-	}
+// RetryInfo of the exact wait when a retry can pass and Redis decided. The
+// message names the limit as the metadata does.
+func denied(bind ratelimit.Result) error {
+	name := httplimit.PolicyName(bind.Limit)
 	switch {
 	case bind.Degraded:
 		// The wait of a local decision is this process's guess, not the
 		// shared count's: name none.
 		return status.Errorf(codes.ResourceExhausted,
-			"grpclimit: rate limit %q exceeded (decided locally while Redis is unavailable)", name)
+			"grpclimit: rate limit %s exceeded (decided locally while Redis is unavailable)", name)
 	case bind.RetryAfter < 0:
 		return status.Errorf(codes.ResourceExhausted,
-			"grpclimit: rate limit %q exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
+			"grpclimit: rate limit %s exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
 			name, bind.Limit.Rate, bind.Limit.Window)
 	}
-	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit %q exceeded; retry in %v", name, bind.RetryAfter.Round(time.Millisecond))
+	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit %s exceeded; retry in %v", name, bind.RetryAfter.Round(time.Millisecond))
 	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(bind.RetryAfter)}); err == nil {
 		st = withInfo
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/clientaddr"
 )
 
 // Option configures an interceptor; pass options to UnaryServerInterceptor,
@@ -31,7 +30,7 @@ type config struct {
 	keyFunc func(ctx context.Context, fullMethod string) string
 	mdKey   string         // trusted metadata key; "": the peer address only
 	trusted []netip.Prefix // the peers mdKey is believed from
-	v6Bits  int            // 0: DefaultIPv6Prefix
+	v6Bits  int            // 0: 64
 	methods map[string][]ratelimit.Limit
 	cost    func(ctx context.Context, fullMethod string) int64
 	errs    []error // what the options found wrong; NewUnary reports them
@@ -71,7 +70,8 @@ func WithKeyFunc(fn func(ctx context.Context, fullMethod string) string) Option 
 // client put left of what a trusted proxy wrote are never read; if every
 // entry is in from, the left-most is. A trusted peer that sent no value is
 // counted by its own address. An entry that is reached and is not an
-// address makes the call UnknownClient.
+// address makes the call httplimit.UnknownClient. The rule is
+// httplimit.ForwardedClient's, and so httplimit.WithTrustedProxies'.
 //
 // A key that is not a valid metadata key, a binary ("-bin") or reserved
 // ("grpc-", ":") key, no from, or an invalid prefix is a configuration
@@ -89,12 +89,11 @@ func WithTrustedMetadata(key string, from ...netip.Prefix) Option {
 	}
 	trusted := make([]netip.Prefix, 0, len(from))
 	for _, p := range from {
-		np, ok := clientaddr.NormalizePrefix(p)
-		if !ok {
+		if !p.IsValid() {
 			err = errors.New("grpclimit: WithTrustedMetadata was given an invalid prefix " + strconv.Quote(p.String()))
 			break
 		}
-		trusted = append(trusted, np)
+		trusted = append(trusted, p.Masked())
 	}
 	return optionFunc(func(c *config) {
 		if err != nil {
@@ -121,9 +120,9 @@ func validMDKey(k string) bool {
 }
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
-// its key (default DefaultIPv6Prefix, 64): every address in one such prefix
-// shares a count, as in httplimit. bits outside 1..128 is a configuration
-// error.
+// its key (default 64): every address in one such prefix shares a count, as
+// httplimit.WithIPv6Prefix does (see httplimit.ClientKey). bits outside
+// 1..128 is a configuration error.
 func WithIPv6Prefix(bits int) Option {
 	return optionFunc(func(c *config) {
 		if bits < 1 || bits > 128 {
@@ -146,10 +145,10 @@ func WithIPv6Prefix(bits int) Option {
 // (nil or empty) is not limited at all: no decision and no rate-limit
 // metadata, as for health checks.
 //
-// m is copied. A name that is not "/service/method", more than
-// ratelimit.MaxLimits limits for a method, an invalid limit
-// (ratelimit.Limit.Validate) or two limits of one method with the same
-// Window and Strict (they would share one count) is a configuration error.
+// m is copied. A name that is not "/service/method", or limits that
+// ratelimit.ValidateLimits rejects (more than 16, an invalid or zero Limit,
+// two of the same Window and Strict, which would share one count), is a
+// configuration error naming WithMethodLimits and the method.
 // WithMethodLimits given twice keeps the last m.
 func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
 	methods := make(map[string][]ratelimit.Limit, len(m))
@@ -183,18 +182,11 @@ func checkMethodLimits(name string, limits []ratelimit.Limit) error {
 	if !strings.HasPrefix(name, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
 		return fmt.Errorf("grpclimit: WithMethodLimits: %q is not a full method name (/pkg.Service/Method)", name)
 	}
-	if len(limits) > ratelimit.MaxLimits {
-		return fmt.Errorf("grpclimit: WithMethodLimits: %s has %d limits, more than ratelimit.MaxLimits (%d)", name, len(limits), ratelimit.MaxLimits)
+	if len(limits) == 0 {
+		return nil // not limited
 	}
-	for i, limit := range limits {
-		if err := limit.Validate(); err != nil {
-			return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
-		}
-		for _, other := range limits[:i] {
-			if other.Window == limit.Window && other.Strict == limit.Strict {
-				return fmt.Errorf("grpclimit: WithMethodLimits: %s: limits %v and %v have the same window and would share one count", name, other, limit)
-			}
-		}
+	if err := ratelimit.ValidateLimits(limits); err != nil {
+		return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
 	}
 	return nil
 }

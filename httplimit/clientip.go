@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-
-	"github.com/slidingwindow/ratelimit/internal/clientaddr"
 )
 
 // UnknownClient is the key of every request whose client address cannot be
@@ -15,14 +13,63 @@ import (
 // rule), a missing or malformed client-IP header from the edge, or a
 // forwarding entry that a trusted proxy wrote and that is not an address.
 // All such requests share this one count, so a client cannot escape its
-// limit by sending garbage: it can only join everyone else who did. It is
-// the same key under which grpclimit counts calls without a usable address.
+// limit by sending garbage: it can only join everyone else who did.
+// grpclimit counts calls without a usable address under the same key.
 const UnknownClient = "ip:unknown"
 
-// DefaultIPv6Prefix is how many leading bits of an IPv6 client address
-// make its key unless WithIPv6Prefix says otherwise. A /64 is the smallest
-// network an ISP hands out, and a host picks any address inside it freely.
-const DefaultIPv6Prefix = 64
+// ClientKey returns the identity the middleware counts a client address
+// under: "ip:203.0.113.7" for IPv4 (IPv4-mapped IPv6 included), and for IPv6
+// "ip6:" and the prefix of its first ipv6Bits bits, as in
+// "ip6:2001:db8:1:2::/64", since a host picks any address in its /64 freely.
+// ipv6Bits is what WithIPv6Prefix was given, 0 for its default of 64. The
+// zone is dropped; an invalid or unspecified address, or ipv6Bits outside
+// 0..128, gives UnknownClient. Use it to Reset or Peek the count of an
+// address, as HashedKey for an API key. grpclimit counts calls by the same
+// keys, so that one client is one count over HTTP and gRPC alike.
+func ClientKey(addr netip.Addr, ipv6Bits int) string {
+	a, ok := normalizeAddr(addr)
+	if !ok {
+		return UnknownClient
+	}
+	if a.Is4() {
+		return "ip:" + a.String()
+	}
+	if ipv6Bits == 0 {
+		ipv6Bits = 64
+	}
+	p, err := a.Prefix(ipv6Bits)
+	if err != nil {
+		return UnknownClient
+	}
+	return "ip6:" + p.String()
+}
+
+// ForwardedClient returns the client address of a request that came from
+// peer with the X-Forwarded-For values forwarded (its header lines, in the
+// order received), believing only the proxies whose addresses lie in
+// trusted: the rule of WithTrustedProxies("X-Forwarded-For", trusted...),
+// for code that needs the address the middleware counts (a log line, an
+// audit), and grpclimit's WithTrustedMetadata.
+//
+// A peer outside trusted is the client, whatever the list says. Otherwise
+// the entries are read right to left, each written by the trusted hop to
+// its right: the first address outside trusted is the client, so that
+// entries a client wrote itself, left of it, are never read. If every entry
+// is trusted, the left-most is the client; with no entry, the peer. An
+// invalid peer (a Unix socket) counts as trusted. An entry reached that is
+// not an address ("unknown", garbage) reports false, as does an invalid
+// peer with no entry: count such a request as UnknownClient. Entries are
+// addresses with or without a port, IPv6 in brackets or not; IPv4-mapped
+// addresses and prefixes count as IPv4.
+func ForwardedClient(peer netip.Addr, forwarded []string, trusted []netip.Prefix) (netip.Addr, bool) {
+	peer, _ = normalizeAddr(peer)
+	return behindProxies(peer, forwarded, trusted, parseHop)
+}
+
+// maxAddrLen bounds one address as written in a header: the longest IPv6
+// address with a port and brackets is 47 bytes; a zone adds a little.
+// Longer values are not addresses, and are rejected before any parsing.
+const maxAddrLen = 64
 
 // Canonical names of the forwarding headers WithTrustedProxies reads.
 const (
@@ -40,12 +87,12 @@ const (
 )
 
 // ipRule finds the client address of a request and turns it into a key. Its
-// zero value reads RemoteAddr only and groups IPv6 by DefaultIPv6Prefix.
+// zero value reads RemoteAddr only and groups IPv6 by /64.
 type ipRule struct {
 	mode    ipMode
 	header  string         // canonical header name (fromHeader, fromProxies)
-	trusted []netip.Prefix // proxies (fromProxies) or header senders (fromHeader; none: any)
-	v6Bits  int            // 0: DefaultIPv6Prefix
+	trusted []netip.Prefix // normalized: proxies (fromProxies) or header senders (fromHeader; none: any)
+	v6Bits  int            // 0: 64
 }
 
 // clientAddr returns the client address of r by the rule, or false when
@@ -63,49 +110,122 @@ func (c *ipRule) clientAddr(r *http.Request) (netip.Addr, bool) {
 		}
 		return parseHop(trimOWS(values[len(values)-1]))
 	case fromProxies:
-		// A peer that is not an IP address is a Unix socket client: a
-		// process on this host, as trusted as loopback.
-		if peerOK && !c.isTrusted(peer) {
-			return peer, true
+		parse := parseHop
+		if c.header == headerForwarded {
+			parse = forwardedFor
 		}
-		return c.walk(r.Header[c.header], peer)
+		return behindProxies(peer, r.Header[c.header], c.trusted, parse)
 	}
 	return peer, peerOK
 }
 
-// walk reads the forwarding entries right to left, starting from a trusted
-// peer, and returns the first address outside the trusted ranges; if every
-// entry is trusted, the left-most (clientaddr.Walk, which grpclimit's
-// trusted metadata shares).
-func (c *ipRule) walk(values []string, peer netip.Addr) (netip.Addr, bool) {
-	parse := parseHop
-	if c.header == headerForwarded {
-		parse = forwardedFor
-	}
-	return clientaddr.Walk(values, peer, c.trusted, parse)
-}
+func (c *ipRule) isTrusted(a netip.Addr) bool { return trustedBy(c.trusted, a) }
 
-func (c *ipRule) isTrusted(a netip.Addr) bool { return clientaddr.Contains(c.trusted, a) }
-
-// key returns the identity of r's client: "ip:203.0.113.7" for IPv4,
-// "ip6:2001:db8:1:2::/64" for IPv6 (its prefix), or UnknownClient.
+// key returns the identity of r's client (see ClientKey), or UnknownClient.
 func (c *ipRule) key(r *http.Request) string {
 	a, ok := c.clientAddr(r)
 	if !ok {
 		return UnknownClient
 	}
-	return c.addrKey(a)
+	return ClientKey(a, c.v6Bits)
 }
 
-// addrKey is the key of a usable client address under the rule's IPv6
-// grouping: clientaddr.Key, the one rule for HTTP and gRPC.
-func (c *ipRule) addrKey(a netip.Addr) string { return clientaddr.Key(a, c.v6Bits) }
+// behindProxies is ForwardedClient for a normalized peer (the zero Addr if
+// it has no address) and a parser of one entry.
+func behindProxies(peer netip.Addr, values []string, trusted []netip.Prefix, parse func(string) (netip.Addr, bool)) (netip.Addr, bool) {
+	// A peer that is not an IP address is a Unix socket client: a process
+	// on this host, as trusted as loopback.
+	if peer.IsValid() && !trustedBy(trusted, peer) {
+		return peer, true
+	}
+	addr := peer
+	for i := len(values) - 1; i >= 0; i-- {
+		rest := values[i]
+		for rest != "" {
+			var entry string
+			if j := strings.LastIndexByte(rest, ','); j >= 0 {
+				entry, rest = rest[j+1:], rest[:j]
+			} else {
+				entry, rest = rest, ""
+			}
+			entry = trimOWS(entry)
+			if entry == "" {
+				continue // empty list elements are allowed and mean nothing
+			}
+			var ok bool
+			if addr, ok = parse(entry); !ok {
+				return netip.Addr{}, false
+			}
+			if !trustedBy(trusted, addr) {
+				return addr, true
+			}
+		}
+	}
+	return addr, addr.IsValid()
+}
+
+// trustedBy reports whether a, normalized, lies in one of prefixes; an
+// IPv4-mapped prefix matches as its IPv4 one.
+func trustedBy(prefixes []netip.Prefix, a netip.Addr) bool {
+	for _, p := range prefixes {
+		if p.Addr().Is4In6() {
+			p, _ = normalizePrefix(p)
+		}
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalizeAddr returns a as keys and trusted ranges see it: IPv4-mapped
+// IPv6 unmapped, without its zone. It reports false, with the zero Addr,
+// for an invalid or the unspecified address, which is no client.
+func normalizeAddr(a netip.Addr) (netip.Addr, bool) {
+	a = a.Unmap().WithZone("")
+	if !a.IsValid() || a.IsUnspecified() {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// normalizePrefix returns p masked, with an IPv4-mapped IPv6 prefix turned
+// into the IPv4 one, so that it matches the unmapped addresses
+// normalizeAddr gives; false for an invalid prefix.
+func normalizePrefix(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() {
+		return netip.Prefix{}, false
+	}
+	if a := p.Addr(); a.Is4In6() {
+		p = netip.PrefixFrom(a.Unmap(), max(p.Bits()-96, 0))
+	}
+	return p.Masked(), true
+}
 
 // parseHop parses one address as proxies write it: "203.0.113.7",
-// "203.0.113.7:4711", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:4711".
-// IPv4-mapped IPv6 addresses become IPv4, zones are dropped, and the
-// unspecified address is not a client (clientaddr.Parse).
-func parseHop(s string) (netip.Addr, bool) { return clientaddr.Parse(s) }
+// "203.0.113.7:4711", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:4711",
+// normalized as by normalizeAddr. It reports false for anything else, and
+// for values longer than maxAddrLen. It never panics.
+func parseHop(s string) (netip.Addr, bool) {
+	if s == "" || len(s) > maxAddrLen {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(s)
+		switch {
+		case perr == nil:
+			a = ap.Addr()
+		case len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']':
+			if a, err = netip.ParseAddr(s[1 : len(s)-1]); err != nil || !a.Is6() {
+				return netip.Addr{}, false
+			}
+		default:
+			return netip.Addr{}, false
+		}
+	}
+	return normalizeAddr(a)
+}
 
 // forwardedFor returns the address in the for= parameter of one element of
 // a Forwarded header (RFC 7239), as in `for="[2001:db8::17]:4711";proto=https`.
@@ -140,7 +260,7 @@ func trimOWS(s string) string { return strings.Trim(s, " \t") }
 func normalizePrefixes(option string, ps []netip.Prefix) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(ps))
 	for _, p := range ps {
-		np, ok := clientaddr.NormalizePrefix(p)
+		np, ok := normalizePrefix(p)
 		if !ok {
 			return nil, errors.New("httplimit: " + option + " was given an invalid prefix " + strconv.Quote(p.String()))
 		}

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/slidingwindow/ratelimit/internal/clientaddr"
 )
 
 var (
@@ -143,18 +141,130 @@ func TestNormalizePrefixes(t *testing.T) {
 	require.Equal(t, "ip:203.0.113.7", rule.key(req("192.0.2.9:1", "X-Forwarded-For", "203.0.113.7")))
 }
 
-// TestSharedKeys checks that a client address gets the key every face of
-// the limiter gives it (clientaddr.Key, which grpclimit uses too), so that
-// one client is one count over HTTP and gRPC alike.
-func TestSharedKeys(t *testing.T) {
-	for _, peer := range []string{"203.0.113.7", "::ffff:203.0.113.7", "2001:db8:1:2::7", "fe80::1%eth0"} {
-		for _, bits := range []int{0, 48, 128} {
-			rule := ipRule{v6Bits: bits}
-			r := req(netip.AddrPortFrom(netip.MustParseAddr(peer), 1).String())
-			require.Equal(t, clientaddr.Key(netip.MustParseAddr(peer), bits), rule.key(r), "%s /%d", peer, bits)
+// TestClientKey pins the keys of addresses, which grpclimit shares: one
+// client is one count over HTTP and gRPC alike.
+func TestClientKey(t *testing.T) {
+	tests := []struct {
+		addr string
+		bits int
+		want string
+	}{
+		{"203.0.113.7", 0, "ip:203.0.113.7"},
+		{"203.0.113.7", 48, "ip:203.0.113.7"}, // the prefix is for IPv6 only
+		{"::ffff:203.0.113.7", 0, "ip:203.0.113.7"},
+		{"2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff", 0, "ip6:2001:db8:aaaa:bbbb::/64"},
+		{"2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff", 64, "ip6:2001:db8:aaaa:bbbb::/64"},
+		{"2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff", 48, "ip6:2001:db8:aaaa::/48"},
+		{"2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff", 128, "ip6:2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff/128"},
+		{"fe80::1%eth0", 0, "ip6:fe80::/64"},
+		{"fe80::1%eth0", 128, "ip6:fe80::1/128"},
+		{"0.0.0.0", 0, UnknownClient},
+		{"::", 0, UnknownClient},
+		{"2001:db8::1", 129, UnknownClient},
+		{"2001:db8::1", -1, UnknownClient},
+	}
+	for _, tc := range tests {
+		a := netip.MustParseAddr(tc.addr)
+		require.Equal(t, tc.want, ClientKey(a, tc.bits), "%s /%d", tc.addr, tc.bits)
+		if tc.bits >= 0 && tc.bits <= 128 {
+			rule := ipRule{v6Bits: tc.bits}
+			require.Equal(t, tc.want, rule.key(req(netip.AddrPortFrom(a, 1).String())), "the middleware's key of %s /%d", tc.addr, tc.bits)
 		}
 	}
-	require.Equal(t, clientaddr.Unknown, UnknownClient)
-	require.Equal(t, clientaddr.DefaultIPv6Prefix, DefaultIPv6Prefix)
-	require.Equal(t, clientaddr.Unknown, ruleNone.key(req("@")))
+	require.Equal(t, UnknownClient, ClientKey(netip.Addr{}, 0))
+	require.Equal(t, UnknownClient, ruleNone.key(req("@")))
+}
+
+func TestParseHop(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // "" for no address
+	}{
+		{"203.0.113.7", "203.0.113.7"},
+		{"203.0.113.7:4711", "203.0.113.7"},
+		{"2001:db8::1", "2001:db8::1"},
+		{"[2001:db8::1]", "2001:db8::1"},
+		{"[2001:db8::1]:4711", "2001:db8::1"},
+		{"::ffff:203.0.113.7", "203.0.113.7"},
+		{"[::ffff:203.0.113.7]:1", "203.0.113.7"},
+		{"fe80::1%eth0", "fe80::1"},
+		{"[203.0.113.7]", ""}, // brackets hold IPv6 only
+		{"0.0.0.0", ""},
+		{"[::]:80", ""},
+		{"", ""},
+		{"unknown", ""},
+		{"_hidden", ""},
+		{" 203.0.113.7", ""}, // the caller trims
+		{strings.Repeat("0", maxAddrLen) + "1.2.3.4", ""},
+		{"\x00\xff", ""},
+	}
+	for _, tc := range tests {
+		a, ok := parseHop(tc.in)
+		if tc.want == "" {
+			require.False(t, ok, "%q parsed as %v", tc.in, a)
+			continue
+		}
+		require.True(t, ok, "%q", tc.in)
+		require.Equal(t, netip.MustParseAddr(tc.want), a, "%q", tc.in)
+	}
+}
+
+func TestNormalizePrefix(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"10.1.2.3/8", "10.0.0.0/8"},
+		{"::ffff:192.0.2.0/120", "192.0.2.0/24"},
+		{"::ffff:0.0.0.0/90", "0.0.0.0/0"},
+		{"2001:db8::1/32", "2001:db8::/32"},
+	}
+	for _, tc := range tests {
+		got, ok := normalizePrefix(netip.MustParsePrefix(tc.in))
+		require.True(t, ok, tc.in)
+		require.Equal(t, netip.MustParsePrefix(tc.want), got, tc.in)
+	}
+	_, ok := normalizePrefix(netip.Prefix{})
+	require.False(t, ok)
+}
+
+func TestForwardedClient(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	proxy := netip.MustParseAddr("10.0.0.1")
+	tests := []struct {
+		name    string
+		values  []string
+		peer    netip.Addr
+		trusted []netip.Prefix // nil: trusted
+		want    string         // "" for no address
+	}{
+		{"no list: the peer", nil, proxy, nil, "10.0.0.1"},
+		{"no list, no peer", nil, netip.Addr{}, nil, ""},
+		{"an untrusted peer, whatever it sends", []string{"203.0.113.7"}, netip.MustParseAddr("198.51.100.1"), nil, "198.51.100.1"},
+		{"an untrusted IPv4-mapped peer", []string{"203.0.113.7"}, netip.MustParseAddr("::ffff:198.51.100.1"), nil, "198.51.100.1"},
+		{"one entry", []string{"203.0.113.7"}, proxy, nil, "203.0.113.7"},
+		{"a peer with no address is trusted", []string{"203.0.113.7"}, netip.Addr{}, nil, "203.0.113.7"},
+		{"a fake prepended", []string{"1.1.1.1, 203.0.113.7"}, proxy, nil, "203.0.113.7"},
+		{"a trusted hop skipped", []string{"1.1.1.1, 203.0.113.7, 10.0.0.2"}, proxy, nil, "203.0.113.7"},
+		{"several lines", []string{"1.1.1.1", "203.0.113.7"}, proxy, nil, "203.0.113.7"},
+		{"empty entries", []string{", ,203.0.113.7 , \t,"}, proxy, nil, "203.0.113.7"},
+		{"every entry trusted", []string{"10.0.0.5, 10.0.0.2"}, proxy, nil, "10.0.0.5"},
+		{"garbage reached", []string{"203.0.113.7, unknown"}, proxy, nil, ""},
+		{"garbage not reached", []string{"unknown, 203.0.113.7"}, proxy, nil, "203.0.113.7"},
+		{"an IPv4-mapped trusted range", []string{"1.1.1.1, 203.0.113.7, 10.0.0.2"}, proxy,
+			[]netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}, "203.0.113.7"},
+		{"ports and brackets", []string{"[2001:db8::7]:4711, 10.0.0.2:80"}, proxy, nil, "2001:db8::7"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := trusted
+			if tc.trusted != nil {
+				tr = tc.trusted
+			}
+			a, ok := ForwardedClient(tc.peer, tc.values, tr)
+			if tc.want == "" {
+				require.False(t, ok, "got %v", a)
+				return
+			}
+			require.True(t, ok)
+			require.Equal(t, netip.MustParseAddr(tc.want), a)
+		})
+	}
 }

@@ -30,15 +30,16 @@ func ExampleMiddleware() {
 
 	paidKeys := map[string]bool{"k-123": true}
 	known := func(key string) bool { return paidKeys[key] }
-	mw := httplimit.Middleware(limiter, ratelimit.PerMinute(2),
-		httplimit.WithPolicyName("free"),
+	free := ratelimit.Limit{Name: "free", Rate: 2, Window: time.Minute}
+	paid := []ratelimit.Limit{{Name: "paid", Rate: 100, Window: time.Minute}}
+	mw := httplimit.Middleware(limiter, free,
 		httplimit.WithTrustedProxies("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8")),
 		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
-		httplimit.WithLimitFunc(func(r *http.Request) httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
 			if known(r.Header.Get("X-API-Key")) {
-				return httplimit.Policy{Name: "paid", Limit: ratelimit.PerMinute(100)}
+				return paid
 			}
-			return httplimit.Policy{} // the free tier
+			return nil // the default plan: the free tier
 		}),
 		httplimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 	)
@@ -65,7 +66,7 @@ func ExampleMiddleware() {
 // A burst limit and an hourly quota, decided together: the third request
 // within a second is denied by the burst limit, and not counted under the
 // hourly one.
-func ExampleWithPolicies() {
+func ExampleWithLimits() {
 	mr, err := miniredis.Run()
 	if err != nil {
 		panic(err)
@@ -78,10 +79,9 @@ func ExampleWithPolicies() {
 	now := time.UnixMilli(1_700_004_600_500)
 	limiter := ratelimit.New(client, ratelimit.WithClock(func() time.Time { return now }))
 
-	mw, err := httplimit.New(limiter, ratelimit.PerSecond(2),
-		httplimit.WithPolicyName("burst"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(100)}),
-	)
+	burst := ratelimit.Limit{Name: "burst", Rate: 2, Window: time.Second}
+	hourly := ratelimit.Limit{Name: "hourly", Rate: 100, Window: time.Hour}
+	mw, err := httplimit.New(limiter, burst, httplimit.WithLimits(hourly))
 	if err != nil {
 		panic(err)
 	}

@@ -47,6 +47,15 @@ func FuzzClientIP(f *testing.F) {
 		for _, rule := range []ipRule{ruleXFF, ruleFwd} {
 			key := rule.key(r)
 			peer, ok := parseHop(remoteAddr)
+			if rule.header == headerXFF { // the exported rule is the middleware's
+				want := UnknownClient
+				if a, ok := ForwardedClient(peer, r.Header.Values(headerXFF), rule.trusted); ok {
+					want = ClientKey(a, rule.v6Bits)
+				}
+				if key != want {
+					t.Fatalf("ForwardedClient's key is %q, the middleware's %q", want, key)
+				}
+			}
 			if ok && !rule.isTrusted(peer) {
 				if key != peerKey {
 					t.Fatalf("untrusted peer %q: key %q, want %q", remoteAddr, key, peerKey)
@@ -55,7 +64,7 @@ func FuzzClientIP(f *testing.F) {
 			}
 			last, ok := rightmost(rule, r.Header.Values(rule.header))
 			if ok && !rule.isTrusted(last) {
-				if want := rule.addrKey(last); key != want {
+				if want := ClientKey(last, rule.v6Bits); key != want {
 					t.Fatalf("right-most entry %v is untrusted: key %q, want %q", last, key, want)
 				}
 			}
@@ -101,7 +110,7 @@ func checkKey(t *testing.T, rule ipRule, key string) {
 		p, err := netip.ParsePrefix(key[len("ip6:"):])
 		bits := rule.v6Bits
 		if bits == 0 {
-			bits = DefaultIPv6Prefix
+			bits = 64
 		}
 		if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() != bits || p != p.Masked() ||
 			p.String() != key[len("ip6:"):] || p.Addr().Zone() != "" {

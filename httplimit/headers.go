@@ -4,47 +4,119 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/headers"
 )
 
 // Header names, in the canonical form net/http sends them in (header names
 // are case-insensitive: X-Ratelimit-Limit is X-RateLimit-Limit). With
-// several policies, RateLimit-Policy and RateLimit list each enforced
-// policy, in the plan's order, and the X-RateLimit headers and Retry-After
-// describe the binding one (FromContext's Result). Shadowed policies, and
-// decisions that shadow mode let through, send none of them.
+// several limits, RateLimit-Policy and RateLimit list each enforced limit,
+// in the plan's order, and the X-RateLimit headers and Retry-After describe
+// the binding one (FromContext's Result). Shadow limits, and decisions that
+// shadow mode let through, send none of them.
 const (
 	// HeaderLimit is the binding limit's rate.
 	HeaderLimit = "X-Ratelimit-Limit"
 	// HeaderRemaining is what is left of the binding limit's rate after this
 	// request.
 	HeaderRemaining = "X-Ratelimit-Remaining"
-	// HeaderReset is in whole seconds, rounded up: until the binding limit's
-	// count is 0 on an allowed response, until the request would pass on a
-	// 429; absent on a 429 that can never pass.
+	// HeaderReset is in whole seconds, rounded up (ResetSeconds): until the
+	// binding limit's count is 0 on an allowed response, until the request
+	// would pass on a 429; absent on a 429 that can never pass.
 	HeaderReset = "X-Ratelimit-Reset"
 	// HeaderPolicy is `"<name>";q=<rate>;w=<window in seconds, rounded up>`
-	// for each policy, separated by ", ".
+	// for each enforced limit, separated by ", ", the name as PolicyName
+	// gives it.
 	HeaderPolicy = "Ratelimit-Policy"
 	// HeaderRateLimit is `"<name>";r=<remaining>;t=<as HeaderReset>` for
-	// each policy, separated by ", ", with t for that policy's own count
-	// or wait, and no t at all on a 429 that can never pass.
+	// each enforced limit, separated by ", ", with t for that limit's own
+	// count or wait, and no t at all on a 429 that can never pass.
 	HeaderRateLimit = "Ratelimit"
 	// HeaderRetryAfter is sent on a 429 that a retry can pass: the seconds
 	// of HeaderReset, at least 1.
 	HeaderRetryAfter = "Retry-After"
 )
 
-// The header arithmetic httplimit and grpclimit share.
-var (
-	policyName   = headers.PolicyName
-	sfString     = headers.SFString
-	seconds      = headers.Seconds
-	resetSeconds = headers.ResetSeconds
-	neverPasses  = headers.NeverPasses
-)
+// PolicyName returns limit's name as RateLimit-Policy and RateLimit send
+// it, a Structured Fields String (RFC 9651), quotes included: "burst" for a
+// Limit named burst, and for one with no Name a name derived from it,
+// "100-per-60s", or "10-per-500ms" for a window that is not a whole number
+// of seconds. '"' and '\' are escaped, and bytes outside printable ASCII
+// (which neither a String nor a gRPC metadata value can hold) are sent as
+// '_'. Use it to find a limit's items in those headers; grpclimit's
+// ratelimit-policy and ratelimit metadata name limits the same way.
+func PolicyName(limit ratelimit.Limit) string {
+	name := limit.Name
+	if name == "" {
+		name = derivedName(limit)
+	}
+	return sfString(name)
+}
+
+// ResetSeconds returns the seconds the headers name as res's reset:
+// X-RateLimit-Reset and RateLimit's t, and Retry-After on a denial. They are
+// whole seconds, rounded up. On a denial that a retry can pass it is the
+// wait until it would, at least 1: the IETF draft asks that t and
+// Retry-After name the same moment, and a client told to wait until the
+// window drains (up to two windows, in a sliding window) would wait longer
+// than it has to. Otherwise it is the wait until the count is 0, when the
+// whole quota is back. A denial that can never pass (RetryAfter < 0) has no
+// such moment, and the headers send no reset for it. grpclimit's metadata
+// carries the same seconds.
+func ResetSeconds(res ratelimit.Result) int64 {
+	if !res.Allowed && res.RetryAfter > 0 {
+		return max(1, seconds(res.RetryAfter))
+	}
+	return seconds(res.ResetAfter)
+}
+
+// derivedName is the name of a limit that has none: "100-per-60s", or
+// "10-per-500ms" for a window that is not a whole number of seconds.
+func derivedName(limit ratelimit.Limit) string {
+	rate := strconv.FormatInt(limit.Rate, 10)
+	if limit.Window%time.Second == 0 {
+		return rate + "-per-" + strconv.FormatInt(int64(limit.Window/time.Second), 10) + "s"
+	}
+	return rate + "-per-" + strconv.FormatInt(limit.Window.Milliseconds(), 10) + "ms"
+}
+
+// sfString returns name as a Structured Fields String (RFC 9651 §3.3.3):
+// quoted, with '"' and '\' escaped and any byte outside printable ASCII
+// replaced with '_'.
+func sfString(name string) string {
+	var b strings.Builder
+	b.Grow(len(name) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('_')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// seconds returns d in whole seconds, rounded up; 0 for d <= 0.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// neverPasses reports a denial that no wait can turn into a pass: its cost
+// is above the limit's rate. Any reset sent with it, even the time until the
+// count is 0, would tell a client to retry, and it would retry forever.
+func neverPasses(res ratelimit.Result) bool {
+	return !res.Allowed && res.RetryAfter < 0
+}
 
 // setPolicyHeaders sets the headers that describe the policies and need no
 // count: X-RateLimit-Limit, the binding limit's rate, and RateLimit-Policy.
@@ -90,7 +162,7 @@ func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result
 	if set&XRateLimitHeaders != 0 {
 		h.Set(HeaderRemaining, strconv.FormatInt(binding.Remaining, 10))
 		if !never {
-			h.Set(HeaderReset, strconv.FormatInt(resetSeconds(binding), 10))
+			h.Set(HeaderReset, strconv.FormatInt(ResetSeconds(binding), 10))
 		}
 	}
 	if set&IETFHeaders != 0 {
@@ -104,12 +176,12 @@ func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result
 			b.WriteString(strconv.FormatInt(res.Remaining, 10))
 			if !never {
 				b.WriteString(";t=")
-				b.WriteString(strconv.FormatInt(resetSeconds(res), 10))
+				b.WriteString(strconv.FormatInt(ResetSeconds(res), 10))
 			}
 		}
 		h.Set(HeaderRateLimit, b.String())
 	}
 	if !binding.Allowed && binding.RetryAfter > 0 {
-		h.Set(HeaderRetryAfter, strconv.FormatInt(resetSeconds(binding), 10))
+		h.Set(HeaderRetryAfter, strconv.FormatInt(ResetSeconds(binding), 10))
 	}
 }

@@ -259,12 +259,12 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 		for _, limit := range limits {
 			name, sent := n.given, n.sent
 			if name == "" {
-				name, sent = policyName(limit), policyName(limit)
+				name, sent = derivedName(limit), derivedName(limit)
 			}
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: name, Limit: limit}, nil)}, []ratelimit.Result{res})
+				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}).policies, []ratelimit.Result{res})
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -277,7 +277,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 					require.Empty(t, h.Values(HeaderRateLimit))
 					continue
 				}
-				params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+				params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
 				if res.RetryAfter < 0 { // can never pass: no t to retry at
 					params = params[:1]
 				}
@@ -298,12 +298,12 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 // mode let through, appear nowhere.
 func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 	ms := time.Millisecond
-	burst := Policy{Name: "burst", Limit: ratelimit.PerSecond(10)}
-	daily := Policy{Name: `"daily", \quota`, Limit: ratelimit.Limit{Rate: 10_000, Window: 24 * time.Hour}}
-	odd := Policy{Name: "naïve\tmix", Limit: ratelimit.Limit{Rate: 7, Window: 1500 * ms, Strict: true}}
-	unnamed := Policy{Limit: ratelimit.PerMinute(100)}
-	shadowed := func(p Policy) Policy { p.Shadow = true; return p }
-	plans := [][]Policy{
+	burst := named(ratelimit.PerSecond(10), "burst")
+	daily := ratelimit.Limit{Name: `"daily", \quota`, Rate: 10_000, Window: 24 * time.Hour}
+	odd := ratelimit.Limit{Name: "naïve\tmix", Rate: 7, Window: 1500 * ms, Strict: true}
+	unnamed := ratelimit.PerMinute(100)
+	shadowed := func(l ratelimit.Limit) ratelimit.Limit { l.Shadow = true; return l }
+	plans := [][]ratelimit.Limit{
 		{burst, daily},
 		{daily, burst},
 		{burst, unnamed, daily},
@@ -348,16 +348,15 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 		}},
 	}
 	for pi, given := range plans {
-		ps := make([]policy, len(given))
+		pl := newPlan(given)
+		require.NoError(t, pl.check("the test"))
+		ps := pl.policies
 		enforced := 0
-		for i, p := range given {
-			ps[i] = resolve(p, nil)
-			if !ps[i].limit.Shadow {
+		for _, p := range ps {
+			if !p.limit.Shadow {
 				enforced++
 			}
 		}
-		pl := newPlan(ps)
-		require.Empty(t, pl.check())
 		for _, o := range outcomes {
 			t.Run(fmt.Sprintf("plan %d %s", pi, o.name), func(t *testing.T) {
 				results := make([]ratelimit.Result, len(ps))
@@ -374,7 +373,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				}
 				h := http.Header{}
 				shownP, shownR := shown(pl, results)
-				setHeaders(h, AllHeaders, shownP, shownR)
+				setHeaders(h, allHeaders, shownP, shownR)
 
 				var wantPolicy, wantState []sfItem
 				var visible []ratelimit.Result
@@ -396,9 +395,13 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 					if p.limit.Shadow || res.Shadowed {
 						continue
 					}
-					sent := sfSent(p.name)
+					name := p.limit.Name
+					if name == "" {
+						name = derivedName(p.limit)
+					}
+					sent := sfSent(name)
 					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.limit.Rate}, {"w", seconds(p.limit.Window)}}})
-					params := []sfParam{{"r", res.Remaining}, {"t", resetSeconds(res)}}
+					params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
 					if never {
 						params = params[:1]
 					}
@@ -429,7 +432,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				}
 				reset, err := strconv.ParseInt(h.Get(HeaderReset), 10, 64)
 				require.NoError(t, err)
-				require.Equal(t, resetSeconds(b), reset)
+				require.Equal(t, ResetSeconds(b), reset)
 				if b.Allowed {
 					require.Empty(t, h.Values(HeaderRetryAfter))
 					return
@@ -470,7 +473,15 @@ func TestPolicyName(t *testing.T) {
 		{ratelimit.Limit{Rate: 3, Window: 1500 * time.Millisecond}, "3-per-1500ms"},
 	}
 	for _, tc := range tests {
-		require.Equal(t, tc.want, policyName(tc.limit))
+		require.Equal(t, tc.want, derivedName(tc.limit))
+		require.Equal(t, `"`+tc.want+`"`, PolicyName(tc.limit))
+	}
+	for name, want := range map[string]string{
+		"burst":          `"burst"`,
+		`say "hi" \ bye`: `"say \"hi\" \\ bye"`,
+		"naïve\tmix":     `"na__ve_mix"`,
+	} {
+		require.Equal(t, want, PolicyName(named(ratelimit.PerMinute(100), name)), "%q", name)
 	}
 }
 
@@ -500,15 +511,21 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, AllHeaders, []policy{resolve(Policy{Name: "p", Limit: tc.res.Limit}, nil)}, []ratelimit.Result{tc.res})
+			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}).policies, []ratelimit.Result{tc.res})
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`
 			if tc.reset != "" {
-				require.Equal(t, tc.reset, strconv.FormatInt(resetSeconds(tc.res), 10))
+				require.Equal(t, tc.reset, strconv.FormatInt(ResetSeconds(tc.res), 10))
 				rl += ";t=" + tc.reset
 			}
 			require.Equal(t, rl, h.Get(HeaderRateLimit))
 		})
 	}
+}
+
+// named returns limit with its Name set to name.
+func named(limit ratelimit.Limit, name string) ratelimit.Limit {
+	limit.Name = name
+	return limit
 }

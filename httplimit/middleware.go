@@ -7,20 +7,22 @@
 // taken from RemoteAddr and nothing else (WithTrustedProxies and
 // WithClientIPHeader say which proxy headers to believe, and from whom);
 // IPv6 addresses are grouped by /64. WithKeys counts authenticated traffic by
-// API key or user id instead, WithRoute counts each route apart, and
-// WithLimitFunc picks a limit per request, for plans.
+// API key or user id instead, and WithRoute counts each route apart.
 //
 // A request may be held to several limits at once, such as a burst limit
-// and a daily one (WithPolicies; WithPlanFunc per tier or route): one script
+// and a daily one (WithLimits; WithPlanFunc per tier or route): one script
 // call decides them all, and a request one of them denies is counted under
-// none of them.
-// A policy can be shadowed (Policy.Shadow) to see what it would do before
+// none of them. Each limit is named in the headers by its Limit.Name. A
+// plan is a []ratelimit.Limit that lists every limit it holds: the one
+// WithPlanFunc returns is the request's whole plan, and no value, the zero
+// Limit least of all, stands for another limit.
+// A limit can be shadowed (Limit.Shadow) to see what it would do before
 // enforcing it: it is counted, never denies and sends no header, and its
 // would-be denials go to WithShadowHandler.
 //
 // Every counted response carries X-RateLimit-Limit, X-RateLimit-Remaining
 // and X-RateLimit-Reset, for the binding limit, and the IETF draft's
-// RateLimit-Policy and RateLimit, which list every enforced policy; a denied
+// RateLimit-Policy and RateLimit, which list every enforced limit; a denied
 // request gets 429 with Retry-After, and a request Redis could not decide
 // under ratelimit.FailClosed gets 503. A decision Redis did not make
 // (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy only, and a
@@ -41,14 +43,14 @@ import (
 )
 
 // Middleware returns middleware that decides each request against limit
-// (and the policies of WithPolicies, if any) with l, and passes it on to the
+// (and the limits of WithLimits, if any) with l, and passes it on to the
 // next handler only if it is allowed.
 //
 // In the order it happens: a request WithSkip or WithAllowList lets through
 // goes on untouched. The others are counted under their identity (WithKeys,
 // WithRoute; by default the client address), at their cost (WithCost;
-// default 1), against their plan (WithPolicies, WithLimitFunc, WithPlanFunc;
-// default limit alone), in one call of l.AllowAll. The Results are stored in
+// default 1), against their plan (WithPlanFunc's; by default limit and
+// WithLimits'), in one call of l.AllowAll. The Results are stored in
 // the request's context (FromContext for the binding one, FromContextAll
 // for each). The shadow handler sees each denial that shadow mode let
 // through (WithShadowHandler). Then:
@@ -67,23 +69,23 @@ import (
 //     request's context ended, 500 for invalid input), with
 //     X-RateLimit-Limit and RateLimit-Policy set if the Result is Degraded.
 //
-// With several policies, RateLimit-Policy and RateLimit list every enforced
-// policy in the plan's order, each RateLimit item with its own r and t:
+// With several limits, RateLimit-Policy and RateLimit list every enforced
+// limit in the plan's order, each RateLimit item with its own r and t:
 //
 //	RateLimit-Policy: "burst";q=5;w=1, "hourly";q=100;w=3600
 //	RateLimit: "burst";r=0;t=1, "hourly";r=95;t=6195
 //
 // X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and
-// Retry-After describe the binding policy (see FromContext): on a 429 the
+// Retry-After describe the binding limit (see FromContext): on a 429 the
 // one whose wait is longest, so that Retry-After is when every limit admits
 // the request again; otherwise the one with the least remaining.
 //
-// Shadowed policies send no header at all, so that clients see nothing of
-// a trial. Under ratelimit.WithShadow the Limiter never denies, so neither
+// Shadow limits send no header at all, so that clients see nothing of a
+// trial. Under ratelimit.WithShadow the Limiter never denies, so neither
 // does the middleware; a request the limits would have denied (its Results
 // are Shadowed) goes through with no rate-limit header either, while the
 // others carry theirs, which are true: their counts are real. To trial a
-// whole plan with no trace in any response, shadow its policies rather than
+// whole plan with no trace in any response, shadow its limits rather than
 // the Limiter, or add WithHeaders(0).
 //
 // Under ratelimit.FailOpen, a request Redis could not decide is allowed; its
@@ -113,12 +115,12 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 }
 
 // New is Middleware that reports a configuration error instead of serving
-// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), a plan
-// that WithPolicies rejects (two policies of one window or one name, more
-// than ratelimit.MaxLimits), or an option given invalid values; the error
-// names each problem, and the policies at fault.
+// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), a default
+// plan (limit and WithLimits') that ratelimit.ValidateLimits rejects or
+// that holds two limits of one name, or an option given invalid values; the
+// error names each problem, and the option at fault.
 func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http.Handler) http.Handler, error) {
-	cfg := config{headers: AllHeaders}
+	cfg := config{headers: allHeaders}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.apply(&cfg)
@@ -127,16 +129,14 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
 	}
-	if cfg.plan != nil && cfg.policy != nil {
-		cfg.errs = append(cfg.errs, errors.New("httplimit: WithPlanFunc and WithLimitFunc both choose the main limit; use one"))
+	static := newPlan(append([]ratelimit.Limit{limit}, cfg.extra...))
+	where := "New"
+	if len(cfg.extra) > 0 {
+		where = "New with WithLimits"
 	}
-	main := resolve(Policy{Name: cfg.name, Limit: limit}, nil)
-	policies := []policy{main}
-	for _, p := range cfg.extra {
-		policies = append(policies, resolve(p, &main))
+	if err := static.check(where); err != nil {
+		cfg.errs = append(cfg.errs, err)
 	}
-	static := newPlan(policies)
-	cfg.errs = append(cfg.errs, static.check()...)
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
@@ -164,12 +164,12 @@ type resultKey struct{}
 
 // FromContext returns the binding Result of the decision the middleware
 // made for the request whose context ctx is, and whether there was one:
-// there is none for a request it let through uncounted. With one policy it
-// is that policy's Result. With several it is the one ratelimit.Binding
-// picks among the enforced policies' Results (among all, when every policy
-// is shadowed), a decision that shadow mode let through being ranked as the
-// denial it would have been: the Result the X-RateLimit headers and
-// Retry-After describe.
+// there is none for a request it let through uncounted. It is
+// ratelimit.Binding of FromContextAll's Results: with one limit, its
+// Result; with several, the enforced limit with the longest wait on a 429
+// and the least remaining otherwise (among all, when every limit is
+// Shadow). It is the Result the X-RateLimit headers and Retry-After
+// describe.
 func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(*decided)
 	if !ok {
@@ -179,9 +179,9 @@ func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 }
 
 // FromContextAll returns every Result of the decision the middleware made
-// for the request whose context ctx is, one per policy, shadowed ones
-// included, in the order of the plan (the limit given to Middleware first,
-// then WithPolicies' in order; or WithPlanFunc's), and whether there was a
+// for the request whose context ctx is, one per limit, Shadow ones
+// included, in the order of the plan (the limit given to New first, then
+// WithLimits' in order; or WithPlanFunc's), and whether there was a
 // decision. The slice is the caller's own.
 func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(*decided)
@@ -194,8 +194,8 @@ func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 type middleware struct {
 	cfg     config
 	limiter *ratelimit.Limiter
-	// static is the plan of the limit given to Middleware and WithPolicies'
-	// ones, built and checked once by New.
+	// static is the default plan, the limit given to New and WithLimits',
+	// built and checked once by New.
 	static *plan
 }
 
@@ -226,7 +226,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	} else {
 		results = errPlanResults(pl)
 	}
-	d := &decided{results: results, binding: binding(results)}
+	d := &decided{results: results, binding: ratelimit.Binding(results)}
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
 		if d.binding.Degraded {
@@ -257,9 +257,7 @@ func (m *middleware) reportShadowed(r *http.Request, d *decided) {
 	for _, res := range d.results {
 		if !res.Limit.Shadow {
 			whole = whole || res.Shadowed
-			continue
-		}
-		if wouldDeny(res) {
+		} else if res.Shadowed {
 			m.cfg.onShadow(r, res)
 		}
 	}

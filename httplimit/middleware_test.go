@@ -311,16 +311,16 @@ func TestTiers(t *testing.T) {
 	e := newEnv(t)
 	keys := map[string]bool{"paid-1": true}
 	known := func(k string) bool { return keys[k] }
-	free, paid := ratelimit.PerMinute(2), ratelimit.PerMinute(5)
+	free := ratelimit.Limit{Name: "free", Rate: 2, Window: time.Minute}
+	paid := ratelimit.Limit{Name: "paid", Rate: 5, Window: time.Minute}
 	served := 0
 	h := e.handler(&served, free,
-		httplimit.WithPolicyName("free"),
 		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
-		httplimit.WithLimitFunc(func(r *http.Request) httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
 			if known(r.Header.Get("X-API-Key")) {
-				return httplimit.Policy{Name: "paid", Limit: paid}
+				return []ratelimit.Limit{paid}
 			}
-			return httplimit.Policy{}
+			return nil
 		}))
 	tests := []struct {
 		name, apiKey  string
@@ -458,7 +458,7 @@ func TestHeaderSets(t *testing.T) {
 		set  httplimit.HeaderSet
 		want []string
 	}{
-		{"all", httplimit.AllHeaders, rateHeaders},
+		{"both", httplimit.XRateLimitHeaders | httplimit.IETFHeaders, rateHeaders},
 		{"X-RateLimit only", httplimit.XRateLimitHeaders, []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Retry-After"}},
 		{"IETF only", httplimit.IETFHeaders, []string{"Ratelimit-Policy", "Ratelimit", "Retry-After"}},
 		{"none", 0, []string{"Retry-After"}},
@@ -573,7 +573,9 @@ func TestFromContext(t *testing.T) {
 // Middleware answers every request with 500 instead of leaving the API
 // unlimited.
 func TestConfigurationErrors(t *testing.T) {
-	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = dead.Close() })
+	l := ratelimit.New(dead)
 	tests := []struct {
 		name    string
 		limiter *ratelimit.Limiter

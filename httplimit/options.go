@@ -21,9 +21,11 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// HeaderSet selects the groups of rate-limit headers a response carries.
-// Retry-After does not belong to any set: it is sent on every 429 that a
-// later retry can pass, whatever the set, and on no other response.
+// HeaderSet selects the groups of rate-limit headers a response carries:
+// XRateLimitHeaders, IETFHeaders, both (XRateLimitHeaders|IETFHeaders, the
+// default) or none (0). Retry-After does not belong to any set: it is sent
+// on every 429 that a later retry can pass, whatever the set, and on no
+// other response.
 type HeaderSet uint8
 
 const (
@@ -33,32 +35,10 @@ const (
 	// IETFHeaders are RateLimit-Policy and RateLimit, as in
 	// draft-ietf-httpapi-ratelimit-headers.
 	IETFHeaders
-
-	// AllHeaders is the default: both sets.
-	AllHeaders = XRateLimitHeaders | IETFHeaders
 )
 
-// Policy is a limit together with the name the IETF headers give it, and
-// whether it is enforced. A request may be decided against several
-// policies at once: see WithPolicies and WithPlanFunc.
-type Policy struct {
-	// Name names the policy in RateLimit-Policy and RateLimit, and becomes
-	// the Limit's Name, which the Results and the Limiter's Observer show.
-	// Empty: Limit.Name if it is set; the name of the limit given to
-	// Middleware if Limit is zero; else one derived from Limit, as in
-	// "100-per-60s", which is not set as the Limit's Name. Bytes outside
-	// printable ASCII are sent as '_'.
-	Name string
-	// Limit is the limit the request is decided against. A zero Limit
-	// selects the limit given to Middleware.
-	Limit ratelimit.Limit
-	// Shadow tries the policy without enforcing it, as Limit.Shadow does
-	// (either sets it): the policy is decided and counted exactly as if it
-	// were enforced on its own, but it never denies, and no rate-limit
-	// header mentions it. What it would have done is in the Results
-	// (FromContextAll; Result.Shadowed) and goes to WithShadowHandler.
-	Shadow bool
-}
+// allHeaders is the default HeaderSet.
+const allHeaders = XRateLimitHeaders | IETFHeaders
 
 // KeyFunc returns the identity a request is counted under, or "" when the
 // request has no identity of the kind it looks for, so that the next KeyFunc
@@ -72,10 +52,8 @@ type config struct {
 	keys     []KeyFunc
 	route    func(*http.Request) string
 	ip       ipRule
-	policy   func(*http.Request) Policy
-	plan     func(*http.Request) []Policy
-	extra    []Policy // WithPolicies
-	name     string
+	plan     func(*http.Request) []ratelimit.Limit
+	extra    []ratelimit.Limit // WithLimits
 	onShadow func(*http.Request, ratelimit.Result)
 	cost     func(*http.Request) int64
 	skip     func(*http.Request) bool
@@ -182,8 +160,10 @@ func WithClientIPHeader(header string, from ...netip.Prefix) Option {
 }
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
-// its key (default DefaultIPv6Prefix, 64): every address in one such prefix
-// shares a count. bits outside 1..128 is a configuration error (see New).
+// its key (default 64, the smallest network an ISP hands out, in which a
+// host picks any address freely): every address in one such prefix shares a
+// count (see ClientKey). bits outside 1..128 is a configuration error (see
+// New).
 func WithIPv6Prefix(bits int) Option {
 	return optionFunc(func(c *config) {
 		if bits < 1 || bits > 128 {
@@ -194,102 +174,73 @@ func WithIPv6Prefix(bits int) Option {
 	})
 }
 
-// WithLimitFunc chooses the main limit for each request, as for plans or
-// routes with limits of their own. fn runs before the decision; a Policy
-// with a zero Limit selects the limit given to Middleware. Policies given to
-// WithPolicies stay beside the one chosen. A client whose plan changes keeps
-// its count, if its identity stays the same: limits of the same window
-// length share counts. For plans of several limits, use WithPlanFunc.
-func WithLimitFunc(fn func(r *http.Request) Policy) Option {
-	return optionFunc(func(c *config) { c.policy = fn })
-}
-
-// WithPolicyName names the limit given to Middleware in the IETF headers,
-// and sets it as that Limit's Name (default: the Limit's Name, or one
-// derived from the limit, as in "100-per-60s").
-func WithPolicyName(name string) Option {
-	return optionFunc(func(c *config) { c.name = name })
-}
-
-// WithPolicies adds limits beside the one given to Middleware. Each request
-// is decided against all of them at once, in one script call
-// (ratelimit.Limiter.AllowAll), and is allowed, and counted under each, only
-// if every enforced policy admits it: a request one of them denies is
-// counted under none of them (a shadowed policy counts what it alone
+// WithLimits adds limits beside the one given to New (or Middleware): the
+// default plan. Each request is decided against all of them at once, in one
+// script call (ratelimit.Limiter.AllowAll), and is allowed, and counted
+// under each, only if every enforced limit admits it: a request one of them
+// denies is counted under none of them (a Shadow limit counts what it alone
 // admits). A burst limit with a daily one:
 //
-//	httplimit.New(limiter, ratelimit.PerSecond(10),
-//		httplimit.WithPolicyName("burst"),
-//		httplimit.WithPolicies(httplimit.Policy{
-//			Name: "daily", Limit: ratelimit.Limit{Rate: 10000, Window: 24 * time.Hour},
-//		}))
+//	burst := ratelimit.Limit{Name: "burst", Rate: 10, Window: time.Second}
+//	daily := ratelimit.Limit{Name: "daily", Rate: 10000, Window: 24 * time.Hour}
+//	httplimit.New(limiter, burst, httplimit.WithLimits(daily))
 //
-// The headers then list every enforced policy (see Middleware). No two
-// policies, the main one included, may have the same Window and Strict (they
-// would share one count) or the same name (the headers could not tell them
-// apart), and there may be at most ratelimit.MaxLimits in all: New reports
-// any of these as a configuration error naming both policies, as it does a
-// Policy with a zero Limit. WithLimitFunc replaces only the main
-// limit; these stay beside it. WithPolicies given twice keeps the last list.
-func WithPolicies(policies ...Policy) Option {
-	var errs []error
-	for i, p := range policies {
-		if p.Limit == (ratelimit.Limit{}) {
-			errs = append(errs, errors.New("httplimit: WithPolicies was given a Policy with no Limit (number "+
-				strconv.Itoa(i+1)+", named "+strconv.Quote(p.Name)+")"))
-		}
-	}
-	policies = append([]Policy(nil), policies...)
-	return optionFunc(func(c *config) {
-		if len(errs) > 0 {
-			c.errs = append(c.errs, errs...)
-			return
-		}
-		c.extra = policies
-	})
+// Each limit's Name names it in the IETF headers; a limit with no Name is
+// given one there, as in "100-per-60s" (see PolicyName). The headers list
+// every enforced limit (see Middleware). The plan must be one that
+// ratelimit.ValidateLimits accepts (at most 16 limits, no two of the same
+// Window and Strict, which would share one count), with no zero Limit and
+// no two limits of the same name, which the headers could not tell apart:
+// New reports any of these as a configuration error naming WithLimits.
+// WithLimits given twice keeps the last list.
+func WithLimits(limits ...ratelimit.Limit) Option {
+	limits = append([]ratelimit.Limit(nil), limits...)
+	return optionFunc(func(c *config) { c.extra = limits })
 }
 
-// WithPlanFunc chooses every policy each request is decided against, for
-// plans of several limits per tier or per route:
+// WithPlanFunc chooses the limits each request is decided against, for
+// plans per tier or per route:
 //
-//	plans := map[string][]httplimit.Policy{
-//		"free": {{Name: "burst", Limit: ratelimit.PerSecond(5)}, {Name: "hourly", Limit: ratelimit.PerHour(100)}},
-//		"paid": {{Name: "burst", Limit: ratelimit.PerSecond(50)}, {Name: "hourly", Limit: ratelimit.PerHour(10000)}},
+//	plans := map[string][]ratelimit.Limit{
+//		"free": {{Name: "burst", Rate: 5, Window: time.Second}, {Name: "hourly", Rate: 100, Window: time.Hour}},
+//		"paid": {{Name: "burst", Rate: 50, Window: time.Second}, {Name: "hourly", Rate: 10000, Window: time.Hour}},
 //	}
-//	httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy { return plans[tier(r)] })
+//	httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit { return plans[tier(r)] })
 //
-// fn runs before the decision, and the policies it returns are decided as
-// WithPolicies' are, all at once, in that order. They replace the limit
-// given to Middleware and WithPolicies' ones; a nil or empty plan selects
-// those. In a plan, a Policy with a zero Limit stands for the limit given to
-// Middleware. A plan that New would reject (see WithPolicies) goes to the
-// error handler, which answers 500 by default, naming the policies in its
-// error. Routes that should not share counts need WithRoute as well. A
-// client whose plan changes keeps its counts, if its identity stays the
-// same: limits of the same window length share counts. WithPlanFunc with
-// WithLimitFunc is a configuration error: both would choose the main limit.
-func WithPlanFunc(fn func(r *http.Request) []Policy) Option {
+// fn runs before the decision. The limits it returns are the request's
+// whole plan, decided as WithLimits' are, all at once, in that order: the
+// limit given to New, and WithLimits', count only if fn returns them. A nil
+// or empty plan selects the default plan (the limit given to New and
+// WithLimits'). A plan that New would reject (see WithLimits), a zero Limit
+// in it included, goes to the error handler, which answers 500 by default,
+// with an error naming WithPlanFunc. Routes that should not share counts
+// need WithRoute as well. A client whose plan changes keeps its counts, if
+// its identity stays the same: limits of the same window length share
+// counts.
+func WithPlanFunc(fn func(r *http.Request) []ratelimit.Limit) Option {
 	return optionFunc(func(c *config) { c.plan = fn })
 }
 
 // WithShadowHandler sets a function called when shadow mode lets through
 // a request that would have been denied (default none): once for each
-// shadowed policy (Policy.Shadow) that would have denied it on its own, with
-// that policy's Result, and, under ratelimit.WithShadow, once with the
-// binding Result (FromContext's) of a decision that would have answered
-// 429. It is called on the request's goroutine, with FromContext and
+// Shadow limit (Limit.Shadow) that would have denied it on its own, with
+// that limit's Result, and, under ratelimit.WithShadow, once for a decision
+// that would have answered 429, with FromContext's Result (every Result
+// then reads Allowed, so ratelimit.Binding picks the least remaining: a limit
+// that would have denied; FromContextAll has each such one Shadowed). It is
+// called on the request's goroutine, with FromContext and
 // FromContextAll already set, before the next handler (or the denied
-// handler, when an enforced policy denies the request), so it should be
+// handler, when an enforced limit denies the request), so it should be
 // quick: a log line, a metric. A nil fn calls nothing.
 func WithShadowHandler(fn func(r *http.Request, res ratelimit.Result)) Option {
 	return optionFunc(func(c *config) { c.onShadow = fn })
 }
 
 // WithCost sets what each request costs (default 1), as for endpoints
-// heavier than others; the cost counts under every policy of the plan. A
+// heavier than others; the cost counts under every limit of the plan. A
 // cost below 1 is an error (ratelimit.ErrInvalidCost) that goes to the
 // error handler; to let a request through uncounted, use WithSkip. A cost
-// above any enforced policy's rate is always denied, and its 429 names no
+// above any enforced limit's rate is always denied, and its 429 names no
 // time to retry at: no Retry-After, X-RateLimit-Reset or RateLimit t.
 func WithCost(fn func(r *http.Request) int64) Option {
 	return optionFunc(func(c *config) { c.cost = fn })
@@ -320,7 +271,7 @@ func WithAllowList(prefixes ...netip.Prefix) Option {
 }
 
 // WithHeaders selects the rate-limit headers every counted response carries
-// (default AllHeaders). WithHeaders(0) sends none but Retry-After.
+// (default both sets). WithHeaders(0) sends none but Retry-After.
 func WithHeaders(set HeaderSet) Option {
 	return optionFunc(func(c *config) { c.headers = set })
 }
@@ -329,9 +280,9 @@ func WithHeaders(set HeaderSet) Option {
 // denies (default: 429 with an RFC 9457 problem+json body). When it runs the
 // rate-limit headers are set (Retry-After too, if a later retry can pass)
 // and the status is not yet written; FromContext gives it the Result. It
-// also answers the denials of ratelimit.FailLocal, which carry the policy
-// headers only. A handler that writes no status answers 200, so it should
-// write one. A nil h keeps the default.
+// also answers the denials of ratelimit.FailLocal, which carry
+// X-RateLimit-Limit and RateLimit-Policy only. A handler that writes no
+// status answers 200, so it should write one. A nil h keeps the default.
 func WithDeniedHandler(h http.Handler) Option {
 	return optionFunc(func(c *config) { c.denied = h })
 }
@@ -341,8 +292,8 @@ func WithDeniedHandler(h http.Handler) Option {
 // when Redis could not decide under ratelimit.FailClosed (the error wraps
 // ratelimit.ErrUnavailable) or the request's context ended, and 500, logging
 // the error through log/slog, for any other error: invalid input, which is a
-// bug in the configuration (an invalid limit from WithLimitFunc, a cost
-// below 1 from WithCost, a plan from WithPlanFunc that New would reject).
+// bug in the configuration (a cost below 1 from WithCost, a plan from
+// WithPlanFunc that New would reject).
 // FromContext gives it the Result; under FailClosed it is Degraded, and the
 // response already carries X-RateLimit-Limit and RateLimit-Policy.
 // A nil fn keeps the default.

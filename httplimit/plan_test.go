@@ -2,7 +2,6 @@ package httplimit_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,18 +17,14 @@ import (
 
 // burst and hourly are the two-limit plan most of these tests use.
 var (
-	burst  = ratelimit.PerSecond(2)
-	hourly = ratelimit.PerHour(5)
+	burst  = ratelimit.Limit{Name: "burst", Rate: 2, Window: time.Second}
+	hourly = ratelimit.Limit{Name: "hourly", Rate: 5, Window: time.Hour}
 )
 
 // twoLimits returns the middleware of the plan "burst" (2 a second) and
 // "hourly" (5 an hour) around a handler that counts its calls.
 func (e *env) twoLimits(served *int, opts ...httplimit.Option) http.Handler {
-	opts = append([]httplimit.Option{
-		httplimit.WithPolicyName("burst"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}),
-	}, opts...)
-	return e.handler(served, burst, opts...)
+	return e.handler(served, burst, append([]httplimit.Option{httplimit.WithLimits(hourly)}, opts...)...)
 }
 
 // counts returns id's counts under limits now, without adding to them.
@@ -126,15 +121,12 @@ func TestPlanResults(t *testing.T) {
 		all[0].Count = 99 // the caller's own copy
 		all, _ = httplimit.FromContextAll(r.Context())
 	})
-	h := httplimit.Middleware(e.limiter, burst, httplimit.WithPolicyName("burst"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}))(next)
+	h := httplimit.Middleware(e.limiter, burst, httplimit.WithLimits(hourly))(next)
 	serve(h, request("192.0.2.1:1"))
 
-	namedBurst, namedHourly := burst, hourly
-	namedBurst.Name, namedHourly.Name = "burst", "hourly"
 	want := []ratelimit.Result{
-		{Allowed: true, Count: 1, Limit: namedBurst, Remaining: 1, ResetAfter: 1001 * time.Millisecond},
-		{Allowed: true, Count: 1, Limit: namedHourly, Remaining: 4, ResetAfter: 3600001 * time.Millisecond},
+		{Allowed: true, Count: 1, Limit: burst, Remaining: 1, ResetAfter: 1001 * time.Millisecond},
+		{Allowed: true, Count: 1, Limit: hourly, Remaining: 4, ResetAfter: 3600001 * time.Millisecond},
 	}
 	require.Equal(t, want, all)
 	require.Equal(t, want[0], one, "the binding Result: the least remaining")
@@ -150,18 +142,18 @@ func TestPlanPerTier(t *testing.T) {
 	e := newEnv(t)
 	e.clock.Set(epoch.Add(30*time.Minute + 500*time.Millisecond))
 	known := func(k string) bool { return k == "paid-1" }
-	free := []httplimit.Policy{
-		{Name: "burst", Limit: ratelimit.PerSecond(1)},
-		{Name: "hourly", Limit: ratelimit.PerHour(2)},
+	free := []ratelimit.Limit{
+		{Name: "burst", Rate: 1, Window: time.Second},
+		{Name: "hourly", Rate: 2, Window: time.Hour},
 	}
-	paid := []httplimit.Policy{
-		{Name: "paid-burst", Limit: ratelimit.PerSecond(3)},
-		{Name: "paid-hourly", Limit: ratelimit.PerHour(100)},
+	paid := []ratelimit.Limit{
+		{Name: "paid-burst", Rate: 3, Window: time.Second},
+		{Name: "paid-hourly", Rate: 100, Window: time.Hour},
 	}
 	served := 0
 	h := e.handler(&served, ratelimit.PerMinute(1000),
 		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
-		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
 			if known(r.Header.Get("X-API-Key")) {
 				return paid
 			}
@@ -203,16 +195,15 @@ func TestPlanPerRoute(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /search", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) {})
-	search := []httplimit.Policy{
-		{Name: "search-burst", Limit: ratelimit.PerSecond(1)},
-		{Name: "search-hourly", Limit: ratelimit.PerHour(3)},
+	search := []ratelimit.Limit{
+		{Name: "search-burst", Rate: 1, Window: time.Second},
+		{Name: "search-hourly", Rate: 3, Window: time.Hour},
 	}
 	route := func(r *http.Request) string { _, p := mux.Handler(r); return p }
-	h := httplimit.Middleware(e.limiter, ratelimit.PerMinute(100),
-		httplimit.WithPolicyName("minute"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(1000)}),
+	h := httplimit.Middleware(e.limiter, ratelimit.Limit{Name: "minute", Rate: 100, Window: time.Minute},
+		httplimit.WithLimits(ratelimit.Limit{Name: "hourly", Rate: 1000, Window: time.Hour}),
 		httplimit.WithRoute(route),
-		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
 			if route(r) == "GET /search" {
 				return search
 			}
@@ -238,75 +229,91 @@ func TestPlanPerRoute(t *testing.T) {
 	require.Equal(t, []int64{2, 2}, e.counts(t, "GET /items/{id}|ip:203.0.113.7", ratelimit.PerMinute(100), ratelimit.PerHour(1000)))
 }
 
-// TestPlanConfigurationErrors: New names both policies of a plan that
-// would share a count or a name; a plan chosen per request with the same
-// fault goes to the error handler, naming them too.
+// TestPlanConfigurationErrors: New rejects, naming the option, a default
+// plan that ratelimit.ValidateLimits rejects, a zero Limit in it, and two
+// limits of one name; a plan chosen per request with the same fault goes
+// to the error handler, naming WithPlanFunc.
 func TestPlanConfigurationErrors(t *testing.T) {
-	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
-	many := make([]httplimit.Policy, ratelimit.MaxLimits)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = dead.Close() })
+	l := ratelimit.New(dead)
+	main := ratelimit.PerMinute(100)
+	many := make([]ratelimit.Limit, 16) // and main: 17
 	for i := range many {
-		many[i] = httplimit.Policy{Limit: ratelimit.Limit{Rate: 1, Window: time.Duration(i+2) * time.Second}}
+		many[i] = ratelimit.Limit{Rate: 1, Window: time.Duration(i+2) * time.Second}
 	}
 	tests := []struct {
-		name    string
-		opts    []httplimit.Option
-		says    string
-		invalid bool // the error wraps ratelimit.ErrInvalidLimit
+		name  string
+		limit ratelimit.Limit // given to New
+		opts  []httplimit.Option
+		says  string
 	}{
-		{"same window", []httplimit.Option{httplimit.WithPolicyName("main"),
-			httplimit.WithPolicies(httplimit.Policy{Name: "other", Limit: ratelimit.PerMinute(10)})},
-			`policies "main" (100/1m0s) and "other" (10/1m0s) have the same window and would share one count`, true},
-		{"same window, both derived names", []httplimit.Option{
-			httplimit.WithPolicies(httplimit.Policy{Limit: ratelimit.PerSecond(5)}, httplimit.Policy{Limit: ratelimit.PerSecond(7)})},
-			`policies "5-per-1s" (5/1s) and "7-per-1s" (7/1s) have the same window`, true},
-		{"same name", []httplimit.Option{httplimit.WithPolicyName("p"),
-			httplimit.WithPolicies(httplimit.Policy{Name: "p", Limit: ratelimit.PerHour(10)})},
-			`two policies are named "p" (100/1m0s and 10/1h0m0s)`, false},
-		{"policy without a limit", []httplimit.Option{httplimit.WithPolicies(httplimit.Policy{Name: "daily"})},
-			`WithPolicies was given a Policy with no Limit (number 1, named "daily")`, false},
-		{"invalid policy", []httplimit.Option{httplimit.WithPolicies(httplimit.Policy{Name: "daily", Limit: ratelimit.Limit{Rate: 0, Window: time.Hour}})},
-			`policy "daily": ratelimit: invalid limit: rate 0 is below 1`, true},
-		{"too many", []httplimit.Option{httplimit.WithPolicies(many...)}, "17 policies, more than ratelimit.MaxLimits (16)", true},
-		{"plan and limit functions", []httplimit.Option{
-			httplimit.WithPlanFunc(func(*http.Request) []httplimit.Policy { return nil }),
-			httplimit.WithLimitFunc(func(*http.Request) httplimit.Policy { return httplimit.Policy{} })},
-			"WithPlanFunc and WithLimitFunc both choose the main limit", false},
+		{"same window", main, []httplimit.Option{httplimit.WithLimits(ratelimit.PerMinute(10))},
+			`New with WithLimits: ratelimit: invalid limit: limits 100/1m0s and 10/1m0s have the same window and would share one count`},
+		{"same name", named(main, "p"), []httplimit.Option{httplimit.WithLimits(named(ratelimit.PerHour(10), "p"))},
+			`New with WithLimits: ratelimit: invalid limit: two limits are named "p" (100/1m0s and 10/1h0m0s)`},
+		{"same name once sent", named(main, "a\tb"), []httplimit.Option{httplimit.WithLimits(named(ratelimit.PerHour(10), "a\nb"))},
+			`two limits are named "a_b"`},
+		{"a zero Limit beside the main one", main, []httplimit.Option{httplimit.WithLimits(ratelimit.Limit{})},
+			`New with WithLimits: ratelimit: invalid limit: limit number 2 is the zero Limit`},
+		{"a zero Limit given to New", ratelimit.Limit{}, nil,
+			`New: ratelimit: invalid limit: limit number 1 is the zero Limit`},
+		{"an invalid limit", main, []httplimit.Option{httplimit.WithLimits(ratelimit.Limit{Name: "daily", Window: time.Hour})},
+			`New with WithLimits: ratelimit: invalid limit: rate 0 is below 1`},
+		{"too many", main, []httplimit.Option{httplimit.WithLimits(many...)},
+			`New with WithLimits: ratelimit: invalid limit: 17 limits, more than 16`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mw, err := httplimit.New(l, ratelimit.PerMinute(100), tc.opts...)
+			mw, err := httplimit.New(l, tc.limit, tc.opts...)
 			require.Nil(t, mw)
 			require.ErrorContains(t, err, tc.says)
 			require.Regexp(t, "^httplimit: ", err.Error())
-			require.Equal(t, tc.invalid, errors.Is(err, ratelimit.ErrInvalidLimit))
+			require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
 		})
 	}
 
 	t.Run("the same window and strict is another count", func(t *testing.T) {
 		strict := ratelimit.Limit{Rate: 10, Window: time.Minute, Strict: true}
-		_, err := httplimit.New(l, ratelimit.PerMinute(100), httplimit.WithPolicies(httplimit.Policy{Limit: strict}))
+		_, err := httplimit.New(l, main, httplimit.WithLimits(strict))
 		require.NoError(t, err)
 	})
 
-	t.Run("a plan chosen per request", func(t *testing.T) {
-		e := newEnv(t)
-		var got error
-		served := 0
-		h := e.handler(&served, ratelimit.PerMinute(100),
-			httplimit.WithPlanFunc(func(*http.Request) []httplimit.Policy {
-				return []httplimit.Policy{{Name: "a", Limit: ratelimit.PerHour(5)}, {Name: "b", Limit: ratelimit.PerHour(50)}}
-			}),
-			httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
-				got = err
-				w.WriteHeader(http.StatusInternalServerError)
-			}))
-		w := serve(h, request("192.0.2.1:1"))
-		require.Equal(t, http.StatusInternalServerError, w.Code)
-		require.ErrorIs(t, got, ratelimit.ErrInvalidLimit)
-		require.ErrorContains(t, got, `policies "a" (5/1h0m0s) and "b" (50/1h0m0s) have the same window`)
-		require.Empty(t, headersOf(t, w))
-		require.Equal(t, 0, served)
-	})
+	for _, tc := range []struct {
+		name string
+		plan []ratelimit.Limit
+		says string
+	}{
+		{"a plan chosen per request", []ratelimit.Limit{named(ratelimit.PerHour(5), "a"), named(ratelimit.PerHour(50), "b")},
+			`httplimit: WithPlanFunc's plan: ratelimit: invalid limit: limits 5/1h0m0s and 50/1h0m0s have the same window`},
+		{"a zero Limit in a plan is no stand-in for the main one", []ratelimit.Limit{{}, hourly},
+			`httplimit: WithPlanFunc's plan: ratelimit: invalid limit: limit number 1 is the zero Limit`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			var got error
+			served := 0
+			h := e.handler(&served, ratelimit.PerMinute(100),
+				httplimit.WithPlanFunc(func(*http.Request) []ratelimit.Limit { return tc.plan }),
+				httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+					got = err
+					w.WriteHeader(http.StatusInternalServerError)
+				}))
+			w := serve(h, request("192.0.2.1:1"))
+			require.Equal(t, http.StatusInternalServerError, w.Code)
+			require.ErrorIs(t, got, ratelimit.ErrInvalidLimit)
+			require.ErrorContains(t, got, tc.says)
+			require.Empty(t, headersOf(t, w))
+			require.Equal(t, 0, served)
+			require.Equal(t, int64(0), e.count(t, "ip:192.0.2.1", hourly))
+		})
+	}
+}
+
+// named returns limit with its Name set to name.
+func named(limit ratelimit.Limit, name string) ratelimit.Limit {
+	limit.Name = name
+	return limit
 }
 
 // twin returns a second middleware on the same Redis and clock, with a
@@ -337,7 +344,7 @@ func TestShadowPolicy(t *testing.T) {
 	tests := []struct {
 		name     string
 		main     ratelimit.Limit // given to Middleware, named "main"
-		shadowed ratelimit.Limit // "trial", beside it
+		shadowed ratelimit.Limit // named "trial" and Shadow, beside it
 		trialIs  int             // the trial policy's place in the plan
 		opts     []httplimit.Option
 	}{
@@ -365,16 +372,14 @@ func TestShadowPolicy(t *testing.T) {
 				next.ServeHTTP(w, r)
 				w.WriteHeader(http.StatusTooManyRequests)
 			})
-			trial := httplimit.Policy{Name: "trial", Limit: tc.shadowed, Shadow: true}
+			trial := named(tc.shadowed, "trial")
+			trial.Shadow = true
 			var h http.Handler
 			if tc.main == (ratelimit.Limit{}) {
-				shadowedMain := tc.shadowed
-				shadowedMain.Shadow = true
-				h = httplimit.Middleware(e.limiter, shadowedMain, httplimit.WithPolicyName("trial"),
-					httplimit.WithDeniedHandler(denied), onShadow)(next)
+				h = httplimit.Middleware(e.limiter, trial, httplimit.WithDeniedHandler(denied), onShadow)(next)
 			} else {
-				h = httplimit.Middleware(e.limiter, tc.main, httplimit.WithPolicyName("main"),
-					httplimit.WithPolicies(trial), httplimit.WithDeniedHandler(denied), onShadow)(next)
+				h = httplimit.Middleware(e.limiter, named(tc.main, "main"),
+					httplimit.WithLimits(trial), httplimit.WithDeniedHandler(denied), onShadow)(next)
 			}
 			twinServed := 0
 			var twinResult ratelimit.Result
@@ -441,8 +446,8 @@ func TestShadowPolicy(t *testing.T) {
 // TestWholeLimiterShadow: under ratelimit.WithShadow the middleware never
 // answers 429; a request the plan would have denied goes through with no
 // rate-limit header, its Results Shadowed, and the shadow handler sees the
-// binding Result, the one a 429 would have described, once. Counts are
-// those of an enforcing twin.
+// binding Result (FromContext's, ratelimit.Binding's), the limit that would
+// have denied, once. Counts are those of an enforcing twin.
 func TestWholeLimiterShadow(t *testing.T) {
 	e := newEnv(t, ratelimit.WithShadow(true))
 	start := epoch.Add(30*time.Minute + 500*time.Millisecond)
@@ -452,16 +457,17 @@ func TestWholeLimiterShadow(t *testing.T) {
 	served := 0
 	// "trial" is shadowed too, and never would have denied: the shadow
 	// handler is not called for it, and its Result is not Shadowed.
-	trial := httplimit.Policy{Name: "trial", Limit: ratelimit.PerMinute(100), Shadow: true}
-	h := httplimit.Middleware(e.limiter, burst, httplimit.WithPolicyName("burst"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}, trial),
+	trial := ratelimit.Limit{Name: "trial", Rate: 100, Window: time.Minute, Shadow: true}
+	h := httplimit.Middleware(e.limiter, burst, httplimit.WithLimits(hourly, trial),
 		httplimit.WithShadowHandler(func(r *http.Request, res ratelimit.Result) { calls = append(calls, res) }),
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served++
 		got, _ = httplimit.FromContext(r.Context())
+		all, _ := httplimit.FromContextAll(r.Context())
+		require.Equal(t, ratelimit.Binding(all), got, "FromContext is ratelimit.Binding's, under WithShadow too")
 	}))
 	twinServed := 0
-	twin, twinCount := e.twin(t, &twinServed, burst, httplimit.WithPolicyName("burst"), httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: hourly}))
+	twin, twinCount := e.twin(t, &twinServed, burst, httplimit.WithLimits(hourly))
 
 	for i := range 3 {
 		w := serve(h, request("192.0.2.1:1"))

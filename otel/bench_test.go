@@ -12,7 +12,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/redistest"
 	ratelimitotel "github.com/slidingwindow/ratelimit/otel"
 )
 
@@ -113,7 +112,7 @@ func BenchmarkAllow(b *testing.B) {
 		benchmarkAllow(b, mr.Addr())
 	})
 	b.Run("redis-server", func(b *testing.B) {
-		benchmarkAllow(b, redistest.Start(b).Addr)
+		benchmarkAllow(b, startRedisServer(b))
 	})
 }
 

@@ -14,7 +14,6 @@ import (
 const (
 	noError = iota
 	errTimeout
-	errCircuitOpen
 	errUnavailable
 	errBadReply
 	errOther
@@ -24,14 +23,14 @@ const (
 var errorTypeNames = [numErrorTypes]string{
 	noError:        "",
 	errTimeout:     "timeout",
-	errCircuitOpen: "circuit_open",
 	errUnavailable: "unavailable",
 	errBadReply:    "bad_reply",
 	errOther:       "other",
 }
 
 // errorType sorts a Redis error into a few kinds, so that error.type stays
-// low in cardinality: the breaker was open; the reply was not what the
+// low in cardinality (a decision of an open breaker has no Redis call, and
+// so no duration to record one with): the reply was not what the
 // script returns; Redis could not serve (a connection refused, reset or
 // lost, a closed client or pool, a reply such as LOADING or BUSY); the
 // deadline passed with no other cause named; anything else. A timeout that
@@ -43,8 +42,6 @@ func errorType(err error) int {
 	}
 	var netErr net.Error
 	switch {
-	case errors.Is(err, ratelimit.ErrCircuitOpen):
-		return errCircuitOpen
 	case errors.Is(err, ratelimit.ErrBadReply):
 		return errBadReply
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
@@ -52,7 +49,7 @@ func errorType(err error) int {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout),
 		errors.As(err, &netErr) && netErr.Timeout():
 		return errTimeout
-	case ratelimit.Unavailable(err):
+	case ratelimit.IsOutage(err):
 		return errUnavailable
 	}
 	return errOther

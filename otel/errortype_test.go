@@ -22,7 +22,6 @@ func TestErrorType(t *testing.T) {
 		want string
 	}{
 		{nil, ""},
-		{fmt.Errorf("x: %w", ratelimit.ErrCircuitOpen), "circuit_open"},
 		{fmt.Errorf("ratelimit: no reply within 100ms: %w", context.DeadlineExceeded), "timeout"},
 		{&net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}, "timeout"},
 		{redis.ErrPoolTimeout, "timeout"},

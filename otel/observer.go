@@ -70,18 +70,20 @@ const (
 	// that name is empty.
 	PolicyKey = attribute.Key("ratelimit.policy")
 	// ErrorTypeKey is the kind of failure of a Redis call: "timeout",
-	// "unavailable", "bad_reply" or "other" (and "circuit_open", for which
-	// no call is made and so no duration recorded).
+	// "unavailable", "bad_reply" or "other". A decision of an open circuit
+	// breaker makes no call, and so records no duration and no error.type.
 	ErrorTypeKey = attribute.Key("error.type")
 )
 
-// MaxPolicies is the number of distinct policy names the Observer labels
-// apart. Names are meant to be few (plans, endpoints); past MaxPolicies,
-// new names are recorded as OverflowPolicy, so that names made from
-// request data cannot grow the metrics without bound.
-const MaxPolicies = 1000
+// maxPolicies is the number of distinct policy names the Observer labels
+// apart (see OverflowPolicy).
+const maxPolicies = 1000
 
-// OverflowPolicy is the policy attribute of the names beyond MaxPolicies.
+// OverflowPolicy is the policy attribute of the names past the first 1000
+// an Observer sees. Names are meant to be few (plans, endpoints); beyond
+// 1000, new names are recorded as OverflowPolicy, so that names made from
+// request data cannot grow the metrics without bound. Names seen before
+// keep theirs.
 const OverflowPolicy = "_other"
 
 // durationBuckets are the histogram's bounds in seconds: a healthy Redis
@@ -132,7 +134,7 @@ const numSources = int(ratelimit.SourcePolicy) + 2
 // ScopeName; a nil mp means the global MeterProvider. The error reports an
 // invalid option or an instrument mp could not make.
 func NewObserver(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
-	cfg := config{nearLimit: DefaultNearLimit}
+	cfg := config{nearLimit: defaultNearLimit}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.apply(&cfg)
@@ -214,7 +216,7 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	if p, ok := old[name]; ok {
 		return p
 	}
-	if len(old) >= MaxPolicies {
+	if len(old) >= maxPolicies {
 		return o.overflow
 	}
 	m := make(map[string]*policyAttrs, len(old)+1)
@@ -228,10 +230,9 @@ func (o *Observer) attrs(name string) *policyAttrs {
 }
 
 // Observe records one decision: it implements ratelimit.Observer. It counts
-// the decision under the policy of the Result that decided (for a request
-// shadow mode let through, the one that would have denied it, with the
-// longest RetryAfter); records the Redis call's duration if one was made;
-// and counts each admitted Result at or above the near-limit fraction of its
+// the decision under the policy of the Result that decided (see
+// decidingPolicy); records the Redis call's duration if one was made; and
+// counts each admitted Result at or above the near-limit fraction of its
 // Rate, unless the decision was a look or the failure policy's.
 func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 	if len(e.Results) == 0 {
@@ -250,9 +251,10 @@ func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 	p := o.attrs(name)
 	o.decisions.Add(ctx, 1, p.decisions[denied][src][shadow]...)
 
-	// An open breaker refuses the call at once; the core still reports the
-	// few nanoseconds that took.
-	if e.Duration > 0 && (e.Err == nil || !errors.Is(e.Err, ratelimit.ErrCircuitOpen)) {
+	// The core reports no duration for a decision that made no Redis call:
+	// the deny cache's, and an open breaker's, whose Err wraps
+	// ratelimit.ErrCircuitOpen with a Duration of 0.
+	if e.Duration > 0 {
 		o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
 	}
 
@@ -272,32 +274,33 @@ func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 }
 
 // decidingPolicy returns the Limit.Name of the Result that decided, and
-// whether shadow mode let through a request some limit would have denied.
-// Then the deciding Result is the Shadowed one with the longest RetryAfter
-// (as ratelimit.Binding picks among denials); otherwise it is
-// ratelimit.Binding's.
+// whether shadow mode let through a request some limit would have denied
+// (some Result is Shadowed). The Result that decided is ratelimit.Binding's,
+// under ratelimit.WithShadow too (every Result then reads Allowed, and the
+// least remaining is a limit that would have denied). Only when it admitted
+// the request and is not Shadowed, while a Shadow limit would have denied
+// it, is the decision that limit's: a trial's would-be denials count under
+// the trial's name (of several, the one ratelimit.Binding picks among them).
 func decidingPolicy(results []ratelimit.Result) (name string, wouldDeny bool) {
-	best := -1
+	b := ratelimit.Binding(results)
 	for i := range results {
-		r := &results[i]
-		if !r.Shadowed {
-			continue
-		}
-		if best < 0 {
-			best = i
-			continue
-		}
-		if b := results[best].RetryAfter; b >= 0 && (r.RetryAfter < 0 || r.RetryAfter > b) {
-			best = i
+		if results[i].Shadowed {
+			wouldDeny = true
+			break
 		}
 	}
-	if best >= 0 {
-		return results[best].Limit.Name, true
+	if !wouldDeny || !b.Allowed || b.Shadowed {
+		return b.Limit.Name, wouldDeny
 	}
-	if len(results) == 1 {
-		return results[0].Limit.Name, false
+	// On the stack: a decision has at most 16 limits (ratelimit.ValidateLimits).
+	var buf [16]ratelimit.Result
+	trials := buf[:0]
+	for i := range results {
+		if results[i].Shadowed {
+			trials = append(trials, results[i])
+		}
 	}
-	return ratelimit.Binding(results).Limit.Name, false
+	return ratelimit.Binding(trials).Limit.Name, true
 }
 
 // ObserveLimiter reports l.Stats() through the gauges

@@ -19,8 +19,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/clock"
-	"github.com/slidingwindow/ratelimit/internal/redistest"
 	ratelimitotel "github.com/slidingwindow/ratelimit/otel"
 )
 
@@ -31,7 +29,7 @@ var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 type env struct {
 	mr      *miniredis.Miniredis
 	client  *redis.Client
-	clk     *clock.Fake
+	clk     *fakeClock
 	reader  *sdkmetric.ManualReader
 	obs     *ratelimitotel.Observer
 	limiter *ratelimit.Limiter
@@ -46,7 +44,7 @@ func newEnv(t *testing.T, opts ...ratelimit.Option) *env {
 func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, opts ...ratelimit.Option) *env {
 	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
-	e := &env{mr: mr, client: client, clk: clock.NewFake(epoch), reader: sdkmetric.NewManualReader()}
+	e := &env{mr: mr, client: client, clk: newFakeClock(epoch), reader: sdkmetric.NewManualReader()}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	var err error
@@ -267,7 +265,7 @@ func TestErrorReplies(t *testing.T) {
 		{"-ERR something else\r\n", "other"},
 	} {
 		t.Run(tc.want+"/"+strings.TrimSpace(tc.reply), func(t *testing.T) {
-			addr := redistest.Fake(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
+			addr := fakeRedis(t, map[string]string{"evalsha": tc.reply, "eval": tc.reply})
 			e := newEnvOn(t, nil, redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1}))
 			e.allow(t, ratelimit.PerSecond(10), 1)
 			require.Equal(t, map[string]uint64{"error.type=" + tc.want: 1}, collect(t, e.reader).redisCalls())
@@ -313,6 +311,46 @@ func TestShadowLimit(t *testing.T) {
 	}, m.decisions())
 	require.Equal(t, map[string]int64{"policy=trial": 1}, m.nearLimit())
 	require.Equal(t, map[string]uint64{"": 5}, m.redisCalls(), "one call per decision, the shadow limit's request with it")
+}
+
+// An enforced limit that denies names the decision, even when a Shadow
+// limit would have denied it too: the enforced one decided.
+func TestShadowLimitBesideADenial(t *testing.T) {
+	e := newEnv(t)
+	burst := ratelimit.PerSecond(2)
+	burst.Name = "burst"
+	trial := ratelimit.PerMinute(2)
+	trial.Name, trial.Shadow = "trial", true
+	for i := range 3 {
+		results, err := e.limiter.AllowAll(context.Background(), "client", []ratelimit.Limit{burst, trial}, 1)
+		require.NoError(t, err)
+		require.Equal(t, i < 2, results[0].Allowed)
+		require.Equal(t, i == 2, results[1].Shadowed)
+	}
+	require.Equal(t, map[string]int64{
+		"outcome=allowed,policy=burst,shadow=true,source=redis": 2,
+		"outcome=denied,policy=burst,shadow=true,source=redis":  1,
+	}, collect(t, e.reader).decisions())
+}
+
+// Under ratelimit.WithShadow the decision is named by ratelimit.Binding's
+// Result: every Result reads Allowed, and the least remaining is a limit
+// that would have denied.
+func TestShadowModeSeveralLimits(t *testing.T) {
+	e := newEnv(t, ratelimit.WithShadow(true))
+	minute := ratelimit.PerMinute(100)
+	minute.Name = "minute"
+	second := ratelimit.PerSecond(2)
+	second.Name = "second"
+	for range 3 {
+		results, err := e.limiter.AllowAll(context.Background(), "client", []ratelimit.Limit{minute, second}, 1)
+		require.NoError(t, err)
+		require.Equal(t, ratelimit.Binding(results).Shadowed, results[1].Shadowed)
+	}
+	require.Equal(t, map[string]int64{
+		"outcome=allowed,policy=second,shadow=true,source=redis": 2,
+		"outcome=denied,policy=second,shadow=true,source=redis":  1,
+	}, collect(t, e.reader).decisions())
 }
 
 // Of several limits, the one that decided names the decision: the
@@ -376,7 +414,7 @@ func TestNearLimitFraction(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	obs, err := ratelimitotel.NewObserver(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), ratelimitotel.WithNearLimit(0.5))
 	require.NoError(t, err)
-	clk := clock.NewFake(epoch)
+	clk := newFakeClock(epoch)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithObserver(obs))
@@ -432,7 +470,7 @@ func TestGauges(t *testing.T) {
 	require.Error(t, err)
 }
 
-// Names past MaxPolicies share OverflowPolicy; names seen before keep
+// Names past the first 1000 share OverflowPolicy; names seen before keep
 // theirs. Observers run on many goroutines at once.
 func TestPolicyOverflow(t *testing.T) {
 	reader := sdkmetric.NewManualReader()

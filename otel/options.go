@@ -1,9 +1,7 @@
 package otel
 
-// DefaultNearLimit is the fraction of a limit's Rate at and above which an
-// admitted request counts as near the limit, unless WithNearLimit says
-// otherwise: 0.8, Envoy's near_limit ratio.
-const DefaultNearLimit = 0.8
+// defaultNearLimit is WithNearLimit's default: Envoy's near_limit ratio.
+const defaultNearLimit = 0.8
 
 // Option configures an Observer; pass options to NewObserver.
 type Option interface{ apply(*config) }
@@ -17,8 +15,8 @@ type config struct {
 }
 
 // WithNearLimit sets the fraction of a limit's Rate at and above which an
-// admitted request's Result counts in ratelimit.near_limit (default
-// DefaultNearLimit): Count >= fraction × Rate. NewObserver rejects a
+// admitted request's Result counts in ratelimit.near_limit (default 0.8,
+// Envoy's near_limit ratio): Count >= fraction × Rate. NewObserver rejects a
 // fraction outside (0, 1].
 func WithNearLimit(fraction float64) Option {
 	return optionFunc(func(c *config) { c.nearLimit = fraction })

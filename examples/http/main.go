@@ -56,20 +56,21 @@ func main() {
 	limiter := ratelimit.New(client, ratelimit.WithPrefix("example-http"))
 
 	known := func(key string) bool { return paidKeys[key] }
-	// The trial limit: counted, never enforced, never in a header.
-	trial := httplimit.Policy{Name: "per-minute", Limit: ratelimit.PerMinute(30), Shadow: true}
-	paid := []httplimit.Policy{
-		{Name: "burst", Limit: ratelimit.PerSecond(50)},
-		{Name: "hourly", Limit: ratelimit.PerHour(10000)},
+	// The free plan: the limit given to New, "burst", and the two of
+	// WithLimits beside it, the last a trial: counted, never enforced,
+	// never in a header.
+	freeBurst := ratelimit.Limit{Name: "burst", Rate: 5, Window: time.Second}
+	freeHourly := ratelimit.Limit{Name: "hourly", Rate: 100, Window: time.Hour}
+	trial := ratelimit.Limit{Name: "per-minute", Rate: 30, Window: time.Minute, Shadow: true}
+	paid := []ratelimit.Limit{
+		{Name: "burst", Rate: 50, Window: time.Second},
+		{Name: "hourly", Rate: 10000, Window: time.Hour},
 	}
 	opts := []httplimit.Option{
-		// The free plan: the limit given to Middleware, named "burst", and
-		// these beside it.
-		httplimit.WithPolicyName("burst"),
-		httplimit.WithPolicies(httplimit.Policy{Name: "hourly", Limit: ratelimit.PerHour(100)}, trial),
+		httplimit.WithLimits(freeHourly, trial),
 		// Authenticated traffic by API key; the rest, and unknown keys, by address.
 		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
-		httplimit.WithPlanFunc(func(r *http.Request) []httplimit.Policy {
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
 			if known(r.Header.Get("X-API-Key")) {
 				return paid
 			}
@@ -88,7 +89,7 @@ func main() {
 		}
 		opts = append(opts, httplimit.WithTrustedProxies("X-Forwarded-For", proxies...))
 	}
-	limit, err := httplimit.New(limiter, ratelimit.PerSecond(5), opts...)
+	limit, err := httplimit.New(limiter, freeBurst, opts...)
 	if err != nil {
 		log.Fatal(err)
 	}

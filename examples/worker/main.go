@@ -1,10 +1,14 @@
 // Command worker shows background workers pacing their calls to a
 // third-party API with Limiter.Wait. Several workers, each standing for a
 // separate process with its own Limiter and its own Redis connection, share
-// one quota of 10 calls a second for 3 seconds; then it prints how many
-// calls each made in each one-second window, and the total, which never
-// exceeds the limit. It runs against an embedded in-process Redis
-// (miniredis), or a real one when REDIS_ADDR is set:
+// one quota of 10 calls in any second for 3 seconds; then it prints how
+// many calls each made in each one-second window, and the most calls any
+// span of a second held, which never exceeds the quota. A third party
+// counts its quota over any span, not over whole seconds, so the limit is
+// Strict: the sliding window counter alone lets waiters released together
+// at a boundary fit up to twice the rate into one span. It runs against an
+// embedded in-process Redis (miniredis), or a real one when REDIS_ADDR is
+// set:
 //
 //	go run ./examples/worker
 //	REDIS_ADDR=localhost:6379 go run ./examples/worker
@@ -16,6 +20,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,8 +41,9 @@ const (
 	callTime = 5 * time.Millisecond
 )
 
-// limit is the third party's quota, shared by every worker.
-var limit = ratelimit.PerSecond(10)
+// limit is the third party's quota, shared by every worker: at most 10
+// calls in any span of a second.
+var limit = ratelimit.Limit{Rate: 10, Window: time.Second, Strict: true}
 
 func main() {
 	newClient, where, stop := connect()
@@ -56,6 +62,8 @@ func main() {
 	defer cancel()
 
 	calls := make([][]int, workers) // calls[w][i]: calls worker w made in window i
+	var mu sync.Mutex
+	var placed []time.Time // when each call was placed in its window, in the run's time
 	stopped := make([]string, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -87,7 +95,11 @@ func main() {
 					stopped[w] = err.Error()
 					return
 				}
-				i := int(time.Unix(0, decided.Load()).Sub(start) / limit.Window)
+				at := time.Unix(0, decided.Load())
+				mu.Lock()
+				placed = append(placed, at)
+				mu.Unlock()
+				i := int(at.Sub(start) / limit.Window)
 				for len(calls[w]) <= i {
 					calls[w] = append(calls[w], 0)
 				}
@@ -132,27 +144,50 @@ func main() {
 		fmt.Printf("  %5d  %8d\n", total, counted)
 	}
 	fmt.Printf("%-16s%s  %5d\n", "all", strings.Repeat("    ", workers), all)
-	fmt.Println()
+	most := mostInAnySpan(placed, limit.Window)
+	over = over || int64(most) > limit.Rate
+	fmt.Printf("\nThe most calls in any span of %v: %d.\n\n", limit.Window, most)
 	for w, why := range stopped {
 		fmt.Printf("w%d stopped: %s.\n", w+1, why)
 	}
 	if over {
-		fmt.Printf("A window held more than %d calls.\n", limit.Rate)
+		fmt.Printf("A span of %v held more than %d calls.\n", limit.Window, limit.Rate)
 		os.Exit(1)
 	}
-	fmt.Printf("No window held more than %d calls. Took %.1fs.\n", limit.Rate, took.Seconds())
+	fmt.Printf("No span of %v held more than %d calls. Took %.1fs.\n", limit.Window, limit.Rate, took.Seconds())
+}
+
+// mostInAnySpan returns the most of times that any span of length w holds,
+// checking every span that starts at one of them (the fullest span starts
+// at some call).
+func mostInAnySpan(times []time.Time, w time.Duration) int {
+	slices.SortFunc(times, time.Time.Compare)
+	most, j := 0, 0
+	for i := range times {
+		for j < len(times) && times[j].Sub(times[i]) < w {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return most
 }
 
 // callAPI stands for the call to the third party that the quota protects.
 func callAPI() { time.Sleep(callTime) }
 
 // stored returns the count Redis holds for id in the window of the given
-// index, read from its documented key, <prefix>:{<id>}:<window in ms>:<index>.
+// index: the sum of its sub-windows, read from their documented keys,
+// <prefix>:{<id>}:<window in ms>/<sub-windows>:<sub-window index>.
 func stored(client *redis.Client, id string, index int64) int64 {
-	key := fmt.Sprintf("%s:{%s}:%d:%d", prefix, id, limit.Window.Milliseconds(), index)
-	n, err := client.Get(context.Background(), key).Int64()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		log.Fatalf("GET %s: %v", key, err)
+	var n int64
+	for j := range int64(ratelimit.StrictSubWindows) {
+		key := fmt.Sprintf("%s:{%s}:%d/%d:%d", prefix, id, limit.Window.Milliseconds(), ratelimit.StrictSubWindows,
+			index*ratelimit.StrictSubWindows+j)
+		c, err := client.Get(context.Background(), key).Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			log.Fatalf("GET %s: %v", key, err)
+		}
+		n += c
 	}
 	return n
 }

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,7 +23,7 @@ const pollInterval = 20 * time.Millisecond
 // replicas, joins them with `CLIProgram --cluster create`, waits until every
 // node reports cluster_state:ok and knows every other, and returns their
 // addresses. The CLI wants n >= 3.
-func StartCluster(t testing.TB, n int) []string {
+func StartCluster(t TB, n int) []string {
 	t.Helper()
 	return StartClusterWithReplicas(t, n, 0).Addrs()
 }
@@ -61,7 +60,7 @@ type Cluster struct {
 // The CLI, not the order of the nodes, decides which become replicas: ask
 // Masters and ReplicasOf. The CLI wants masters >= 3. Restart of a node
 // starts an empty server that is in no cluster.
-func StartClusterWithReplicas(t testing.TB, masters, replicasPerMaster int, args ...string) *Cluster {
+func StartClusterWithReplicas(t TB, masters, replicasPerMaster int, args ...string) *Cluster {
 	t.Helper()
 	cli := Require(t, CLIProgram())
 	if masters < 1 || replicasPerMaster < 0 {
@@ -300,7 +299,7 @@ func (c *Cluster) Node(addr string) *Server {
 // the first running node that answers sees it: during a failover, that
 // node's view may lag the cluster's. It fails t if no node answers or the
 // slot is served by no node of c.
-func (c *Cluster) MasterFor(t testing.TB, key string) *Server {
+func (c *Cluster) MasterFor(t TB, key string) *Server {
 	t.Helper()
 	var errs []error
 	for _, s := range c.nodes {
@@ -332,6 +331,7 @@ func masterAddrFor(addr, key string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	//lint:ignore SA1019 go-redis routes by CLUSTER SLOTS: this is the view a client of the tests gets
 	ranges, err := rc.ClusterSlots(ctx).Result()
 	if err != nil {
 		return "", err
@@ -353,7 +353,7 @@ func masterAddrFor(addr, key string) (string, error) {
 // role:master means the replica has taken over its master's slots; its
 // cluster_state may still be fail for a moment, until it sees the cluster
 // whole again, so a command to it right after may get a CLUSTERDOWN error.
-func (c *Cluster) WaitPromoted(t testing.TB, replica *Server, timeout time.Duration) time.Time {
+func (c *Cluster) WaitPromoted(t TB, replica *Server, timeout time.Duration) time.Time {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr, MaxRetries: -1})
 	defer rc.Close()
@@ -396,7 +396,7 @@ func (c *Cluster) WaitPromoted(t testing.TB, replica *Server, timeout time.Durat
 // during the pause waits on the master and dies with it without having run,
 // so its client sees an error, never a lost success. A test of what a real
 // crash loses does not sync.
-func (c *Cluster) PauseWritesAndSync(t testing.TB, master *Server, pause time.Duration) {
+func (c *Cluster) PauseWritesAndSync(t TB, master *Server, pause time.Duration) {
 	t.Helper()
 	if !slices.Contains(c.masters, master) {
 		t.Fatalf("redistest: PauseWritesAndSync of %s, not a master of the cluster", master.Addr)
@@ -406,7 +406,7 @@ func (c *Cluster) PauseWritesAndSync(t testing.TB, master *Server, pause time.Du
 
 // PauseWritesAndSync is Cluster.PauseWritesAndSync for a master and its
 // replicas outside a cluster (say, under Sentinel).
-func PauseWritesAndSync(t testing.TB, master *Server, replicas []*Server, pause time.Duration) {
+func PauseWritesAndSync(t TB, master *Server, replicas []*Server, pause time.Duration) {
 	t.Helper()
 	if pause < time.Millisecond {
 		t.Fatalf("redistest: a pause of %v: CLIENT PAUSE counts whole milliseconds", pause)

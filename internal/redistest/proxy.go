@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -44,7 +43,7 @@ type Proxy struct {
 
 // StartProxy starts a Proxy in front of the server at target, usually a
 // Server's Addr, and stops it when t ends.
-func StartProxy(t testing.TB, target string) *Proxy {
+func StartProxy(t TB, target string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -28,11 +28,83 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// TB is what the functions here need of a test: a testing.TB has it, and so
+// has the stand-in SharedCluster starts its cluster with, whose cleanups
+// wait for StopShared.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+}
+
+// shared is the cluster SharedCluster starts, once for a test binary.
+var shared struct {
+	mu    sync.Mutex
+	addrs []string
+	err   string   // why it could not start, for every later caller
+	stops []func() // its cleanups, for StopShared
+	dirs  []string // its temporary directories
+}
+
+// SharedCluster returns the addresses of a Redis Cluster of 3 masters, with
+// no replicas, that every test of the binary calling it shares: started by
+// the first caller, stopped by StopShared, which the binary's TestMain calls
+// after the tests. Starting a cluster takes seconds; sharing one makes a
+// package of many cluster tests fast. A test using it must keep to keys of
+// its own (a prefix of its own) and leave the nodes as they are: no FLUSHALL,
+// no CONFIG SET, no killing a node (those start a cluster of their own).
+func SharedCluster(t TB) []string {
+	t.Helper()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.err != "" {
+		t.Fatalf("redistest: the shared cluster did not start: %s", shared.err)
+	}
+	if shared.addrs == nil {
+		st := &sharedTB{t}
+		shared.err = "its start failed the test that started it"
+		shared.addrs = StartCluster(st, 3)
+		shared.err = ""
+	}
+	return shared.addrs
+}
+
+// StopShared stops the cluster SharedCluster started, if it did.
+func StopShared() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	for i := len(shared.stops) - 1; i >= 0; i-- {
+		shared.stops[i]()
+	}
+	for _, dir := range shared.dirs {
+		_ = os.RemoveAll(dir)
+	}
+	shared.addrs, shared.stops, shared.dirs = nil, nil, nil
+}
+
+// sharedTB is the test that starts the shared cluster, but for its
+// cleanups and temporary directories, which outlive it until StopShared.
+type sharedTB struct{ TB }
+
+func (s *sharedTB) Cleanup(fn func()) { shared.stops = append(shared.stops, fn) }
+
+func (s *sharedTB) TempDir() string {
+	dir, err := os.MkdirTemp("", "redistest-shared-")
+	if err != nil {
+		s.Fatalf("redistest: %v", err)
+	}
+	shared.dirs = append(shared.dirs, dir)
+	return dir
+}
 
 // startTimeout bounds the wait for a server, or a cluster, to come up.
 const startTimeout = 20 * time.Second
@@ -62,7 +134,7 @@ func programFromEnv(name, def string) string {
 // The names redis-server and redis-cli stand for ServerProgram and
 // CLIProgram, so that callers written for Redis run whatever the
 // environment chose; any other name is looked up as it is.
-func Require(t testing.TB, program string) string {
+func Require(t TB, program string) string {
 	t.Helper()
 	switch program {
 	case "redis-server":
@@ -92,7 +164,7 @@ type Server struct {
 // Start starts ServerProgram with no persistence on a free loopback port,
 // waits until it answers PING, and stops it when t ends. Extra arguments
 // are passed to the server as they are, say "--cluster-enabled", "yes".
-func Start(t testing.TB, args ...string) *Server {
+func Start(t TB, args ...string) *Server {
 	t.Helper()
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
 	t.Cleanup(s.Stop) // first, so that a server that never answers is stopped too
@@ -101,7 +173,7 @@ func Start(t testing.TB, args ...string) *Server {
 }
 
 // launch starts ServerProgram on s.Addr's port and waits until it answers.
-func (s *Server) launch(t testing.TB, args []string) {
+func (s *Server) launch(t TB, args []string) {
 	t.Helper()
 	bin := Require(t, ServerProgram())
 	_, port, err := net.SplitHostPort(s.Addr)
@@ -149,7 +221,7 @@ func (s *Server) PID() int {
 }
 
 // Client returns a client of s that t closes when it ends.
-func (s *Server) Client(t testing.TB) *redis.Client {
+func (s *Server) Client(t TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -157,7 +229,7 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 
 // Silent returns the address of a listener that accepts connections and
 // reads from them but never answers: a Redis that hangs.
-func Silent(t testing.TB) string {
+func Silent(t TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -191,7 +263,7 @@ func Silent(t testing.TB) string {
 
 // freePort returns a loopback port that is free, and whose cluster bus port
 // (port+10000) is free too.
-func freePort(t testing.TB) int {
+func freePort(t TB) int {
 	t.Helper()
 	for range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -236,7 +308,7 @@ func waitFor(probe func(context.Context) error) error {
 // protocol to test a client against replies no real Redis would send: it
 // answers every command whose name is in replies with the raw RESP text
 // given for it, and every other command with an error.
-func Fake(t testing.TB, replies map[string]string) string {
+func Fake(t TB, replies map[string]string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,7 +16,7 @@ import (
 // StartReplica starts a server (ServerProgram) that replicates master, and
 // waits until both report the link between them up and the master lists it
 // online. It stops when t ends.
-func StartReplica(t testing.TB, master *Server, args ...string) *Server {
+func StartReplica(t TB, master *Server, args ...string) *Server {
 	t.Helper()
 	host, port, err := net.SplitHostPort(master.Addr)
 	if err != nil {
@@ -55,7 +54,7 @@ func StartReplica(t testing.TB, master *Server, args ...string) *Server {
 // downAfter as its down-after-milliseconds, and waits until it knows of
 // want replicas of it, so that a failover finds one to promote. It stops
 // when t ends.
-func StartSentinel(t testing.TB, name string, master *Server, downAfter time.Duration, want int) *Server {
+func StartSentinel(t TB, name string, master *Server, downAfter time.Duration, want int) *Server {
 	t.Helper()
 	bin := Require(t, ServerProgram())
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
@@ -94,7 +93,7 @@ func StartSentinel(t testing.TB, name string, master *Server, downAfter time.Dur
 
 // WaitMaster polls server until it reports role:master, and returns the
 // time it first saw that; it fails t after timeout.
-func WaitMaster(t testing.TB, server *Server, timeout time.Duration) time.Time {
+func WaitMaster(t TB, server *Server, timeout time.Duration) time.Time {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: server.Addr, MaxRetries: -1})
 	defer c.Close()

@@ -68,8 +68,8 @@ func main() {
 	}
 
 	limit := ratelimit.PerSecond(5)
-	limit.Name = "hello" // the ratelimit_policy label
-	limited := httplimit.Middleware(limiter, limit, httplimit.WithPolicyName(limit.Name))
+	limit.Name = "hello" // the ratelimit_policy label, and the policy's name in the headers
+	limited := httplimit.Middleware(limiter, limit)
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /hello", limited(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
