@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/slidingwindow/ratelimit"
 )
 
 //go:embed article.lua
@@ -17,6 +16,9 @@ var articleSource string
 
 //go:embed incr.lua
 var incrSource string
+
+// keyPrefix is the Limiter's default key prefix (WithPrefix).
+const keyPrefix = "ratelimit"
 
 // bareIncr sends incr.lua by EVALSHA with nothing around it: one INCR and
 // one PEXPIRE of the library's key for the current window
@@ -42,7 +44,7 @@ func newBareIncr(ctx context.Context, env Env) (*bareIncr, error) {
 	}
 	ms := env.Limit.Window.Milliseconds()
 	return &bareIncr{client: env.Client, sha: sha, rate: env.Limit.Rate, ms: ms,
-		head: ratelimit.DefaultPrefix + ":{", mid: "}:" + strconv.FormatInt(ms, 10) + ":", now: env.Now}, nil
+		head: keyPrefix + ":{", mid: "}:" + strconv.FormatInt(ms, 10) + ":", now: env.Now}, nil
 }
 
 // Allow decides one request of cost 1.

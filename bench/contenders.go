@@ -33,7 +33,7 @@ func Contenders() []Contender {
 		{
 			Name: "ours",
 			About: "this library with its defaults (but a 3s timeout, as every ours*): ratelimit.New(client).Allow on go-redis's " +
-				"default client; concurrent decisions share script calls (batching, up to ratelimit.DefaultBatch per call)",
+				"default client; concurrent decisions share script calls (batching, up to 64 per call, the default)",
 			Clocked: true,
 			New: func(_ context.Context, env Env) (Decider, error) {
 				return newOurs(env.Client, env), nil
@@ -168,7 +168,7 @@ func ctxClient(env Env) *redis.Client {
 var ErrDegraded = errors.New("bench: degraded decision")
 
 // OursTimeout is the Limiter's timeout in the bench, in place of
-// ratelimit.DefaultTimeout (100ms): go-redis's ReadTimeout, the bound every
+// the Limiter's default timeout (100ms): go-redis's ReadTimeout, the bound every
 // other contender lives with. It changes no decision's cost (a deadline is
 // set either way), only what a stall of the machine does: on two shared
 // cores a process can stall past 100ms, and the other libraries then

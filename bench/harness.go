@@ -153,9 +153,9 @@ type worker struct {
 	hist                                    histogram
 }
 
-// SlowDecision is the latency past which a decision counts as slow:
-// ratelimit.DefaultTimeout.
-const SlowDecision = ratelimit.DefaultTimeout
+// SlowDecision is the latency past which a decision counts as slow: the
+// Limiter's default timeout (WithTimeout).
+const SlowDecision = 100 * time.Millisecond
 
 // Phases of a run, read by every worker before each call.
 const (
