@@ -66,6 +66,7 @@ func BenchmarkScriptCost(b *testing.B) {
 		{name: "one", limits: []Limit{many}, batch: 1},
 		{name: "one/both-keys", limits: []Limit{many}, batch: 1, prev: true},
 		{name: "one/denied", limits: []Limit{PerMinute(1)}, batch: 1, denied: true},
+		{name: "batch3", limits: []Limit{many}, batch: 3}, // what batches hold at 8 goroutines
 		{name: "batch16", limits: []Limit{many}, batch: 16},
 		{name: "batch16/both-keys", limits: []Limit{many}, batch: 16, prev: true},
 		{name: "all2", limits: plan(2), batch: 1},

@@ -128,7 +128,7 @@ echo "- allocs and bytes per decision are the whole process's runtime.MemStats d
 	"divided by decisions (the noop row shows what the harness itself costs)"
 echo "- Redis CPU µs/decision: the server's CPU time (INFO cpu, user + system) over the measured time, divided by decisions;" \
 	"script calls/decision: EVAL and EVALSHA calls (INFO commandstats) per decision; > 100 ms: measured decisions slower than" \
-	"ratelimit.DefaultTimeout, summed over rounds; degraded: decisions the failure policy made (any fails the run); every ours*" \
+	"the Limiter's default timeout (100 ms), summed over rounds; degraded: decisions the failure policy made (any fails the run); every ours*" \
 	"runs with WithTimeout(3s), go-redis's ReadTimeout, which bounds the other libraries"
 echo "- script µs/call and script µs/decision: the EVAL and EVALSHA usec of INFO commandstats (the scripts' run inside Redis," \
 	"wall time) over their calls, and over decisions; call × bare/incr and decision × bare/incr: the row's script µs per call," \
