@@ -71,40 +71,10 @@ func TestClusterFailover(t *testing.T) {
 		onVictim[id] = node.Options().Addr == victim.Addr
 	}
 
-	var mu sync.Mutex
-	var log []decided
-	var made atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(g), 1))
-			var mine []decided
-			defer func() {
-				mu.Lock()
-				log = append(log, mine...)
-				mu.Unlock()
-			}()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				id := fmt.Sprint("id-", rng.IntN(ids))
-				res, err := l.Allow(ctx, id, limit)
-				mine = append(mine, decided{at: time.Now(), id: id, allowed: res.Allowed, degraded: res.Degraded, err: err})
-				made.Add(1)
-				// At most a request a millisecond per goroutine, as from
-				// traffic: the policy answers in microseconds, and a spin
-				// would only pile up records (and load a shared machine).
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
+	load := startLoad(l, limit, goroutines, ids, 1)
 	// Load before the kill; then writes pause while the replica catches
 	// up, and the master dies.
-	waitDecisions(t, &made, stop, 1000)
+	load.wait(t, 1000)
 	c.PauseWritesAndSync(t, victim, 2*time.Second)
 	killed := time.Now()
 	victim.Stop()
@@ -112,8 +82,7 @@ func TestClusterFailover(t *testing.T) {
 	for time.Since(promoted) < after { // waits on the load, which runs on its own goroutines
 		time.Sleep(50 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
+	log := load.stop()
 
 	slices.SortFunc(log, func(a, b decided) int { return a.at.Compare(b.at) })
 	var firstDown, lastDown, lastVictimDegraded time.Time
@@ -176,9 +145,9 @@ func TestClusterFailover(t *testing.T) {
 		}
 	}
 	t.Logf("%d decisions; kill to promotion %v", len(log), promoted.Sub(killed).Round(time.Millisecond))
-	t.Logf("ids of the killed master: %d degraded decisions, the last at promotion%+v", victimDegraded, lastVictimDegraded.Sub(promoted).Round(time.Millisecond))
+	t.Logf("ids of the killed master: %d degraded decisions, the last at promotion%s", victimDegraded, offset(lastVictimDegraded.Sub(promoted)))
 	if !firstDown.IsZero() {
-		t.Logf("CLUSTERDOWN from kill%+v to kill%+v", firstDown.Sub(killed).Round(time.Millisecond), lastDown.Sub(killed).Round(time.Millisecond))
+		t.Logf("CLUSTERDOWN from kill%s to kill%s", offset(firstDown.Sub(killed)), offset(lastDown.Sub(killed)))
 	}
 	t.Logf("ids of the live masters: %d degraded decisions, %d of them outside CLUSTERDOWN", othersDegraded, othersOutside)
 	t.Logf("ids over their limit: %d", over)
@@ -217,35 +186,8 @@ func TestSentinelFailover(t *testing.T) {
 		ratelimit.WithFailurePolicy(ratelimit.FailClosed), ratelimit.WithTimeout(time.Second),
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
 
-	var mu sync.Mutex
-	var log []decided
-	var made atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(g), 2))
-			var mine []decided
-			defer func() {
-				mu.Lock()
-				log = append(log, mine...)
-				mu.Unlock()
-			}()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				id := fmt.Sprint("id-", rng.IntN(ids))
-				res, err := l.Allow(context.Background(), id, limit)
-				mine = append(mine, decided{at: time.Now(), id: id, allowed: res.Allowed, degraded: res.Degraded, err: err})
-				made.Add(1)
-				time.Sleep(time.Millisecond) // as in TestClusterFailover
-			}
-		})
-	}
-	waitDecisions(t, &made, stop, 1000)
+	load := startLoad(l, limit, goroutines, ids, 2)
+	load.wait(t, 1000)
 	redistest.PauseWritesAndSync(t, master, []*redistest.Server{replica}, 2*time.Second)
 	killed := time.Now()
 	master.Stop()
@@ -253,8 +195,7 @@ func TestSentinelFailover(t *testing.T) {
 	for time.Since(promoted) < after { // waits on the load, which runs on its own goroutines
 		time.Sleep(50 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
+	log := load.stop()
 
 	admitted := map[string]int64{}
 	var degraded int
@@ -279,28 +220,85 @@ func TestSentinelFailover(t *testing.T) {
 			over++
 		}
 	}
-	t.Logf("%d decisions; kill to promotion %v; %d degraded, from kill%+v to promotion%+v; %d ids over their limit",
+	t.Logf("%d decisions; kill to promotion %v; %d degraded, from kill%s to promotion%s; %d ids over their limit",
 		len(log), promoted.Sub(killed).Round(time.Millisecond), degraded,
-		first.Sub(killed).Round(time.Millisecond), last.Sub(promoted).Round(time.Millisecond), over)
+		offset(first.Sub(killed)), offset(last.Sub(promoted)), over)
 	require.Positive(t, degraded, "the kill was felt")
 	require.True(t, last.Before(promoted.Add(2*time.Second)), "degraded %v after the promotion", last.Sub(promoted))
 	require.Zero(t, over, "ids admitted past their limit")
 }
 
-// waitDecisions waits until the load has made n decisions; it closes stop
-// and fails t if that takes more than 30 s.
-func waitDecisions(t *testing.T, made *atomic.Int64, stop chan struct{}, n int64) {
+// offset writes d as an offset from a moment: " + 1.2s", " - 80ms".
+func offset(d time.Duration) string {
+	if d < 0 {
+		return " - " + (-d).Round(time.Millisecond).String()
+	}
+	return " + " + d.Round(time.Millisecond).String()
+}
+
+// load is decisions made on a Limiter from several goroutines, as from
+// traffic, until it is stopped.
+type load struct {
+	mu   sync.Mutex
+	log  []decided
+	made atomic.Int64
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startLoad decides limit on l from goroutines goroutines over ids ids,
+// picked at random (seed), each at most once a millisecond: the policy
+// answers in microseconds, and a spin would only pile up records (and
+// load a shared machine).
+func startLoad(l *ratelimit.Limiter, limit ratelimit.Limit, goroutines, ids int, seed uint64) *load {
+	ld := &load{done: make(chan struct{})}
+	for g := range goroutines {
+		ld.wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), seed))
+			var mine []decided
+			defer func() {
+				ld.mu.Lock()
+				ld.log = append(ld.log, mine...)
+				ld.mu.Unlock()
+			}()
+			for {
+				select {
+				case <-ld.done:
+					return
+				default:
+				}
+				id := fmt.Sprint("id-", rng.IntN(ids))
+				res, err := l.Allow(context.Background(), id, limit)
+				mine = append(mine, decided{at: time.Now(), id: id, allowed: res.Allowed, degraded: res.Degraded, err: err})
+				ld.made.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	return ld
+}
+
+// wait waits until the load has made n decisions; it stops the load and
+// fails the test if that takes 30 s.
+func (ld *load) wait(t *testing.T, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		got := made.Load()
+		got := ld.made.Load()
 		if got >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			close(stop)
+			ld.stop()
 			t.Fatalf("only %d decisions in 30s", got)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// stop stops the load and returns its decisions, in no particular order.
+func (ld *load) stop() []decided {
+	close(ld.done)
+	ld.wg.Wait()
+	return ld.log
 }
