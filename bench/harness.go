@@ -300,7 +300,7 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 // goroutine on the global run queue and, when a processor is idle (a
 // goroutine waiting on Redis leaves one idle), wakes a parked thread to
 // look for work, which finds none and parks again. At one goroutine that was
-// two futex calls, one more context switch and about 10µs more of the
+// two futex calls, one more context switch and about 30µs more of the
 // bench's CPU per decision, taken from Redis on two shared cores (see
 // bench/README.md).
 func (w *worker) loop(ctx context.Context, d Decider, ids []string, i int, phase *atomic.Int32) {

@@ -238,13 +238,14 @@ const BareCounter = "bare/incr"
 // multiple of bare's per call, then µs per decision and its multiple of
 // bare's per call (bare makes one call a decision). A multiple is taken
 // within each round, against bare's run of the same round, scenario and
-// goroutines, which ran moments apart; the cell is their median.
+// goroutines, which ran moments apart (a failed bare run is no measure);
+// the cell is their median.
 func scriptCells(runs, bare []RunResult) [4]string {
 	var perCall, perDecision, xCall, xDecision []float64
 	for _, r := range runs {
 		perDecision = append(perDecision, r.ScriptUsPerDecision)
 		var base float64
-		if i := slices.IndexFunc(bare, func(b RunResult) bool { return b.Round == r.Round }); i >= 0 {
+		if i := slices.IndexFunc(bare, func(b RunResult) bool { return b.Round == r.Round && b.OK }); i >= 0 {
 			base, _ = bare[i].scriptUsPerCall()
 		}
 		if base > 0 {

@@ -133,17 +133,28 @@ func ScriptCostPattern(cases string) string {
 		return top
 	}
 	var alts []string
-	depth, start := 0, 0
+	// Split where the testing package splits a -bench pattern into
+	// alternatives: a '|' outside parentheses and character classes, with
+	// parentheses inside a class not counted, nor a ']' that closes none.
+	class, paren, start := 0, 0, 0
 	for i := 0; i < len(cases); i++ {
 		switch cases[i] {
 		case '\\':
 			i++
-		case '(', '[':
-			depth++
-		case ')', ']':
-			depth--
+		case '[':
+			class++
+		case ']':
+			class = max(class-1, 0)
+		case '(':
+			if class == 0 {
+				paren++
+			}
+		case ')':
+			if class == 0 {
+				paren--
+			}
 		case '|':
-			if depth == 0 {
+			if class == 0 && paren == 0 {
 				alts = append(alts, cases[start:i])
 				start = i + 1
 			}
