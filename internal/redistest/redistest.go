@@ -64,6 +64,9 @@ var shared struct {
 // no CONFIG SET, no killing a node (those start a cluster of their own).
 func SharedCluster(t TB) []string {
 	t.Helper()
+	// Without the programs every caller skips, not only the first.
+	Require(t, "redis-server")
+	Require(t, "redis-cli")
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.err != "" {
