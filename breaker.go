@@ -107,13 +107,13 @@ var unavailableReplies = []string{
 	"NOREPLICAS", "OOM", "MISCONF", "max number of clients reached",
 }
 
-// Unavailable reports whether err says Redis itself could not serve: a
+// IsOutage reports whether err says Redis itself could not serve: a
 // timeout, a connection that could not be made or was lost, a closed client
 // or exhausted pool, or a reply such as LOADING, BUSY, READONLY,
 // MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM or MISCONF. These are
 // the failures a server's circuit breaker counts, but for CLUSTERDOWN and
 // TRYAGAIN. A reply of the wrong shape (ErrBadReply), or a script error
-// caused by one id's data, says Redis is up: Unavailable is false for them.
+// caused by one id's data, says Redis is up: IsOutage is false for them.
 func IsOutage(err error) bool {
 	if err == nil {
 		return false
@@ -137,10 +137,10 @@ func IsOutage(err error) bool {
 }
 
 // opensBreaker reports whether err counts toward opening the breaker of the
-// server that gave it: Unavailable, but for CLUSTERDOWN and TRYAGAIN. A
-// node that answers those at once is up: the cluster as a whole is down
-// (a master failed, and full coverage is required) or a slot is moving, and
-// it may be whole again at any moment. Were they counted, the failure of one
+// server that gave it: an outage (IsOutage), but for CLUSTERDOWN and
+// TRYAGAIN. A node that answers those at once is up: the cluster as a
+// whole is down (a master failed, and full coverage is required) or a slot
+// is moving, and it may be whole again at any moment. Were they counted, the failure of one
 // master would open the breakers of all the others, which would then deny
 // for a cooldown after the cluster had recovered.
 func opensBreaker(err error) bool {

@@ -134,8 +134,11 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 	if len(limits) == 0 {
 		return ValidateLimits(limits)
 	}
-	if err := l.check(id, limits[0], n); err != nil { // the client, id and cost
+	if err := l.check(id, limits[0], n); err != nil { // the client, the id, the first limit, the cost
 		return err
+	}
+	if len(limits) == 1 {
+		return nil // checked in full
 	}
 	return ValidateLimits(limits)
 }

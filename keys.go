@@ -40,9 +40,9 @@ func validate(id string, limit Limit, n int64) error {
 //
 // The id is escaped so that the hash tag is exactly the id and never empty:
 // all keys of a decision hash to one Redis Cluster slot, and different ids
-// never share a key. An id longer than maxIDLength (1,024 bytes) is replaced by "%H" and
-// the hex of its SHA-256, which no escaped id can spell. The keys are slices
-// of one string: one allocation.
+// never share a key. An id longer than maxIDLength (1,024 bytes) is
+// replaced by "%H" and the hex of its SHA-256, which no escaped id can
+// spell. The keys are slices of one string: one allocation.
 func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	var num [20]byte
 	var digest [2 + 2*sha256.Size]byte

@@ -154,10 +154,10 @@ type Limiter struct {
 // and the Limiter leaves its deadlines to a *redis.Client, ClusterClient or
 // Ring whose ContextTimeoutEnabled is set. A client of any other type (a
 // UniversalClient of your own that wraps one) is used as it is: no
-// batching, and each decision's deadline watched from a goroutine. New adds
-// a go-redis hook to the client (for a Cluster or a Ring, to its nodes' clients)
-// that records dial errors, so that a timeout can name the last one; it
-// does nothing else to a command.
+// batching, and each decision's deadline watched from a goroutine. New
+// adds a go-redis hook to the client (for a Cluster or a Ring, to its
+// nodes' clients) that records dial errors, so that a timeout can name the
+// last one; it does nothing else to a command.
 func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {

@@ -131,8 +131,8 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 }
 
 // WithTimeout bounds the time one decision spends on Redis (default
-// 100ms), dial, retries and all, from the moment it asks, queue included. Past it the decision goes to
-// the failure policy. The bound holds whatever the client's own timeouts:
+// 100ms), dial, retries and all, from the moment it asks, queue included.
+// Past it the decision goes to the failure policy. The bound holds whatever the client's own timeouts:
 // with a client whose ContextTimeoutEnabled is false (go-redis's default) the
 // Limiter stops waiting for the reply itself, and the client gives up on the
 // connection later, after its ReadTimeout. A d of zero or less removes the
@@ -169,9 +169,9 @@ func WithDenyCache(maxEntries int) Option {
 const defaultBatch = 64
 
 // WithBatching sets how many requests one script call may carry (default
-// 64) when concurrent decisions share calls. Batching is on by
-// default. While calls are in flight (two at most), the decisions that
-// arrive wait and then go together. Redis spends most of a call on invoking
+// 64) when concurrent decisions share calls. Batching is on by default.
+// While calls are in flight (two at most), the decisions that arrive wait
+// and then go together. Redis spends most of a call on invoking
 // the script, so under concurrent load this multiplies the decisions one
 // Redis can make; a decision that finds nothing in flight is sent at once on
 // its caller's goroutine, so a quiet service sees no added latency.

@@ -111,8 +111,8 @@ type redisClockConfig struct {
 }
 
 // WithSyncInterval sets how often the background goroutine asks Redis for
-// its time (default 10s); after a failed sync it tries
-// again after a second, or after d if that is shorter. A d of zero or less
+// its time (default 10s); after a failed sync it tries again after a
+// second, or after d if that is shorter. A d of zero or less
 // turns the background sync off: NewRedisClock then starts no goroutine, and
 // the clock moves to Redis's time only when Sync is called.
 func WithSyncInterval(d time.Duration) RedisClockOption {

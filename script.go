@@ -115,7 +115,8 @@ type reply struct {
 // master, whose requests' keys are in several slots) the others go in ARGV,
 // where Redis does not check that they share a slot.
 func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
-	if r := reqs[0]; len(reqs) == 1 && r.short() {
+	if shortCall(reqs) {
+		r := reqs[0]
 		a := &r.limits[0]
 		return append(args, "evalsha", sc.sha, smallInts[2], &r.keys[0], &r.keys[1],
 			&r.cost, &a.rate, &a.weight, &a.window, &a.ttl)
@@ -200,7 +201,7 @@ func repeats(reqs []*request) bool {
 
 // callLen returns the length of the command callArgs makes for reqs.
 func callLen(reqs []*request, cross bool) int {
-	if len(reqs) == 1 && reqs[0].short() {
+	if shortCall(reqs) {
 		return 10
 	}
 	n := 6
@@ -210,10 +211,10 @@ func callLen(reqs []*request, cross bool) int {
 	return n
 }
 
-// short reports whether r goes in the script's short form when alone in a
-// call: one sliding limit, and a denial that is not counted.
-func (r *request) short() bool {
-	return len(r.limits) == 1 && r.limits[0].window > 0 && r.countDenied == 0
+// shortCall reports whether a call of reqs goes in the script's short
+// form: one request, of one sliding limit, whose denial is not counted.
+func shortCall(reqs []*request) bool {
+	return len(reqs) == 1 && len(reqs[0].limits) == 1 && reqs[0].limits[0].window > 0 && reqs[0].countDenied == 0
 }
 
 // callSize returns what a request adds to a call: its keys, and its keys and

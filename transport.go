@@ -48,7 +48,7 @@ type server struct {
 	client  redis.UniversalClient // a Cluster master's own client, where its batches go
 	breaker *breaker              // nil: none
 	batch   *batcher              // nil: each call alone
-	used    atomic.Int64          // Unix ns of its last use, to within usedGrain: a Cluster's only
+	used    atomic.Int64          // Unix ns of its last use, to within usedGrain (a Cluster master's)
 }
 
 // A Cluster's server that no decision has used for staleServer is forgotten:
@@ -263,7 +263,7 @@ func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 // integers.
 func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
 	cross := sc == crossSlotDecider
-	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, cross)), sc, reqs, cross), len(reqs) == 1 && reqs[0].short())
+	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, cross)), sc, reqs, cross), shortCall(reqs))
 }
 
 // explain returns the error of a decision that Redis did not make, saying
