@@ -603,7 +603,11 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	lanes := max(c.lanes, 1)
 	ctx := context.Background()
 	var calls scriptCalls
-	e.client = hookedClient(t, e.client, &calls)
+	if e.limited != nil { // the client the Limiter uses (see env.limiter)
+		e.limited = hookedClient(t, e.limited, &calls)
+	} else {
+		e.client = hookedClient(t, e.client, &calls)
+	}
 	l := e.limiter(c.opts...)
 	m := newModel()
 	m.shadow, m.countDenied = c.shadow, c.countDenied
@@ -651,14 +655,16 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	s := m.tally
 	t.Logf("%+v; %d decisions in %d script calls; the clock moved %d ms to keep up with real time", s, decisions, calls.n.Load(), pace.offset)
 	require.Greater(t, s.allowed, steps/10)
-	require.Greater(t, s.denied, steps/20)
 	require.Greater(t, s.never, steps/200)
 	require.Greater(t, s.multi, steps/4)
 	// A loaded machine makes a real-time trace's clock jump ahead (see
-	// pacer), which thins these out: the bounds leave room for it.
+	// pacer), which thins these out: the bounds leave room for it (a
+	// Cluster run on a loaded machine has seen 196 denials of 4000).
+	require.Greater(t, s.denied, steps/40)
 	require.Greater(t, s.partial, steps/200)
 	require.Greater(t, s.strict, steps/200)
 	require.Greater(t, s.shadowed, steps/200)
+	require.Positive(t, calls.n.Load(), "the hook saw no script call")
 	if c.batched {
 		require.Less(t, calls.n.Load(), int64(decisions), "no script call carried two decisions")
 	}
