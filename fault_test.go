@@ -492,6 +492,7 @@ func TestSilentServerManyCallers(t *testing.T) {
 				require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, 10*time.Millisecond,
 					"goroutines left by earlier tests have ended")
 				client := redis.NewClient(slowClient(addr, ctxAware))
+				t.Cleanup(func() { _ = client.Close() }) // if the test fails before it closes it: the next waits for its goroutines
 				var handled atomic.Int64
 				l := ratelimit.New(client, p.with(ratelimit.WithTimeout(timeout),
 					ratelimit.WithErrorHandler(func(context.Context, string, error) { handled.Add(1) }))...)

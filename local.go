@@ -46,6 +46,11 @@ func (w *localWindows) decide(id string, d *decision) {
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
 		if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
+			if e.i > s.pos.i {
+				// A caller that read the clock later counted first: decide at
+				// the start of its window, not on counts that would forget it.
+				s.pos.i, s.pos.e = e.i, 0
+			}
 			s.seen, _ = e.at(s.pos)
 		}
 		if s.pos.estimate(&s.seen)+n > s.rate {

@@ -145,3 +145,39 @@ func TestFailLocalShares(t *testing.T) {
 	}
 	require.Equal(t, 100, total)
 }
+
+// A caller that read the clock before another, across a window's end, and
+// reaches FailLocal's table after it, is decided in the later window: it
+// does not count itself in the earlier one over what the later caller
+// counted, which would forget that count.
+func TestFailLocalLateCaller(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	mr.Close()
+	clk := clock.NewFake(epoch)
+	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithFailurePolicy(ratelimit.FailLocal),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	ctx := context.Background()
+	limit := ratelimit.PerSecond(2)
+	at := func(ms int64) {
+		clk.Set(time.UnixMilli(epoch.UnixMilli()/1000*1000 + ms))
+	}
+	allow := func() ratelimit.Result {
+		r, err := l.Allow(ctx, "id", limit)
+		require.NoError(t, err)
+		require.True(t, r.Degraded)
+		return r
+	}
+	at(1900)
+	require.True(t, allow().Allowed)
+	require.True(t, allow().Allowed)
+	at(2100) // 0 + floor(2 × 0.9) + 1 fits 2
+	require.True(t, allow().Allowed)
+	at(1950) // the late caller: 1 + floor(2 × 1) + 1 does not
+	late := allow()
+	require.False(t, late.Allowed, "%+v", late)
+	at(2100)
+	require.False(t, allow().Allowed, "the later window's count stands")
+}
