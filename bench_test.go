@@ -146,3 +146,25 @@ func BenchmarkDenied(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLeased decides one hot id's requests against a Leased limit from
+// parallel goroutines: after the first leases, almost every decision is made
+// from this process's lease, without Redis.
+func BenchmarkLeased(b *testing.B) {
+	s := redistest.Start(b)
+	client := newClient(b, &redis.Options{Addr: s.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+	l := ratelimit.New(client, ratelimit.WithTimeout(10*time.Second))
+	b.Cleanup(func() { ratelimit.DropLeases(l) })
+	limit := ratelimit.Limit{Rate: 1 << 40, Window: time.Second, Leased: true}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r, err := l.Allow(ctx, "hot", limit)
+			if err != nil || !r.Allowed {
+				b.Errorf("%+v, %v", r, err)
+				return
+			}
+		}
+	})
+}

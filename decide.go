@@ -28,6 +28,9 @@ type decision struct {
 	// deniedCounted: the script decided, and under WithCountDenied counted
 	// each denied request's cost (see sliding_window.lua).
 	deniedCounted bool
+	// unsent has bit r set when reqs[r] is not sent: its limits are all
+	// Leased and decided from their leases (see leaseTable.take).
+	unsent uint32
 }
 
 // one holds a decision of one limit, beside it on its caller's stack: a
@@ -66,8 +69,26 @@ type span struct {
 	shadow bool  // the limit's Shadow
 	pos    position
 	req    int // index in decision.reqs of the request that carries it
+	arg    int // index of its limitArgs in that request's limits
 	first  int // index of its first key in that request's keys
 	seen   counts
+	// A Leased limit's (see leaseTable): it took held units of the cost from
+	// its lease, all of it when local; need is what it asks Redis to count
+	// of the cost (the rest; 0 when local, the whole cost when served from
+	// the lease alone, which the Result counts), and most what it asks to
+	// lease; grow says its lease ran out within its window.
+	leased, local, grow bool
+	held, need, most    int64
+}
+
+// want returns what a request of cost n (1 for a look) adds to the span's
+// count as its Result counts it: n, or for a Leased limit what it asked
+// Redis to count (held units were counted when they were leased).
+func (s *span) want(n int64) int64 {
+	if s.leased {
+		return s.need
+	}
+	return n
 }
 
 // decision.refused has a bit for each of up to maxLimits limits.
@@ -90,16 +111,46 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if err := l.checkAll(id, d.limits, n); err != nil {
 		return err
 	}
-	reqs := l.build(d, id, l.now().UnixMilli())
+	now := l.now().UnixMilli()
+	leased := d.leased()
+	if leased && l.leases.serve(id, d, now, look) {
+		d.derive()
+		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
+	}
+	reqs := l.build(d, id, now)
+	var gives []*request
+	if leased && !look {
+		gives = l.leases.take(id, d)
+		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
+			l.leases.later(id, gives)
+			d.received(nil)
+			d.derive()
+			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
+		}
+	}
 	if l.denied != nil && !look && l.denied.deny(id, d) {
+		if leased {
+			l.leases.settle(id, d, false)
+			l.leases.later(id, gives)
+		}
 		d.derive()
 		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
+	}
+	replies := d.replies
+	if leased && !look {
+		reqs, replies = d.sending(reqs, gives)
 	}
 	var start time.Time
 	if l.observer != nil {
 		start = time.Now()
 	}
-	err := l.t.do(ctx, reqs, d.replies)
+	err := l.t.do(ctx, reqs, replies)
+	if leased && !look {
+		d.received(replies)
+		if err == nil {
+			l.leases.gaveBack(ctx, id, replies[len(reqs)-len(gives):])
+		}
+	}
 	if err == nil {
 		for _, r := range d.replies {
 			if r.err != nil {
@@ -113,6 +164,9 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		took = time.Since(start)
 	}
 	if err != nil {
+		if leased && !look {
+			l.leases.settle(id, d, false)
+		}
 		if expired(ctx) {
 			// The caller left: no decision, and no Redis failure either.
 			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
@@ -121,6 +175,9 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		return l.fail(ctx, d, id, took, err)
 	}
 	d.absorb()
+	if leased && !look {
+		l.leases.settle(id, d, true)
+	}
 	if l.denied != nil && !look {
 		l.denied.record(id, d)
 	}
@@ -156,23 +213,23 @@ func (l *Limiter) build(d *decision, id string, now int64) []*request {
 		d.spans[0] = span{rate: limit.Rate, shadow: limit.Shadow, pos: pos}
 		w := &wire{}
 		w.args[0] = newLimitArgs(limit, pos)
-		w.req = request{cost: d.cost, countDenied: l.countDenied, nlimits: 1, limits: w.args[:]}
+		w.req = request{cost: d.cost, mode: l.countDenied, nlimits: 1, limits: w.args[:]}
 		w.req.keys = l.appendKeys(w.keys[:0], id, pos)
 		w.reqs[0] = &w.req
 		d.reqs = w.reqs[:]
 		return w.reqs[:]
 	}
 	spans := make([]span, len(d.limits))
-	enforced := &request{cost: d.cost, countDenied: l.countDenied}
+	enforced := &request{cost: d.cost, mode: l.countDenied}
 	reqs := []*request{enforced}
 	for i, limit := range d.limits {
 		r, at := enforced, 0
 		if limit.Shadow && d.cost > 0 {
-			r, at = &request{cost: d.cost, countDenied: l.countDenied}, len(reqs)
+			r, at = &request{cost: d.cost, mode: l.countDenied}, len(reqs)
 			reqs = append(reqs, r)
 		}
 		s := &spans[i]
-		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), req: at, first: len(r.keys)}
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), req: at, arg: len(r.limits), first: len(r.keys)}
 		r.limits = append(r.limits, newLimitArgs(limit, s.pos))
 		r.keys = l.appendKeys(r.keys, id, s.pos)
 		r.nlimits++
@@ -187,11 +244,45 @@ func (l *Limiter) build(d *decision, id string, now int64) []*request {
 	return reqs
 }
 
-// absorb copies the counts of each request's reply into its spans.
+// absorb copies the counts of each request's reply into its spans; those
+// of a request not sent hold their leases' counts already.
 func (d *decision) absorb() {
 	for i := range d.spans {
 		s := &d.spans[i]
-		copy(s.seen[:s.pos.keys()], d.replies[s.req].counts[s.first:])
+		if d.unsent&(1<<s.req) == 0 {
+			copy(s.seen[:s.pos.keys()], d.replies[s.req].counts[s.first:])
+		}
+	}
+}
+
+// sending returns the requests to send of reqs, d's (which it takes from its
+// caller, not from d: see build), those not decided from leases and then
+// gives, with their replies' places.
+func (d *decision) sending(reqs, gives []*request) ([]*request, []reply) {
+	if d.unsent == 0 && len(gives) == 0 {
+		return reqs, d.replies
+	}
+	send := make([]*request, 0, len(reqs)+len(gives))
+	for r, req := range reqs {
+		if d.unsent&(1<<r) == 0 {
+			send = append(send, req)
+		}
+	}
+	return append(send, gives...), make([]reply, len(send)+len(gives))
+}
+
+// received puts the replies of the requests sending returned in d.replies,
+// and allows the requests decided from leases.
+func (d *decision) received(replies []reply) {
+	if len(replies) > 0 && &replies[0] == &d.replies[0] {
+		return
+	}
+	for r := range d.reqs {
+		if d.unsent&(1<<r) != 0 {
+			d.replies[r] = reply{allowed: true}
+			continue
+		}
+		d.replies[r], replies = replies[0], replies[1:]
 	}
 }
 
@@ -208,15 +299,14 @@ func (d *decision) derive() {
 	d.allowed, d.refused = true, 0
 	for i := range d.spans {
 		s := &d.spans[i]
-		r := d.reqs[s.req]
 		allowed := d.replies[s.req].allowed
 		counted := allowed && !look
 		var added int64
-		if d.deniedCounted && !allowed && r.countDenied == 1 && !look && !d.never(s.req) {
-			added = max(0, min(r.cost, s.rate-s.seen[0])) // as the script adds
+		if d.deniedCounted && !allowed && !look && d.reqs[s.req].mode == modeCountDenied && !d.never(s.req) {
+			added = max(0, min(d.cost, s.rate-s.seen[0])) // as the script adds
 		}
-		res := s.result(d.limits[s.at], n, counted, added)
-		fits := counted || s.pos.estimate(&s.seen)+n <= s.rate
+		res := s.result(d.limits[s.at], s.want(n), counted, added)
+		fits := counted || s.pos.estimate(&s.seen)+s.want(n) <= s.rate
 		if !fits {
 			d.refused |= 1 << s.at
 		}

@@ -42,7 +42,7 @@ func (c *denyCache) deny(id string, d *decision) bool {
 		if !ok {
 			continue
 		}
-		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.rate-cost {
+		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.rate-s.want(cost) {
 			denied = true
 		}
 	}
@@ -71,7 +71,7 @@ func (c *denyCache) record(id string, d *decision) {
 		allowed := d.replies[s.req].allowed
 		seen := s.seen
 		if allowed {
-			seen[0] += d.reqs[s.req].cost
+			seen[0] += s.want(d.reqs[s.req].cost)
 		}
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
 			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed

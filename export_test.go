@@ -8,3 +8,24 @@ const (
 	DefaultBatch = defaultBatch
 	MaxIDLength  = maxIDLength
 )
+
+// IdleSweeps is how many sweeps give back an idle lease.
+const IdleSweeps = idleSweeps
+
+// SweepLeases runs one sweep of l's leases, as the sweeper does every
+// sweepEvery.
+func SweepLeases(l *Limiter) { l.leases.sweep() }
+
+// DropLeases drops l's leases and give-backs, sending nothing, and waits for
+// its sweeper to end: for a test's cleanup, before its client closes.
+func DropLeases(l *Limiter) {
+	t := l.leases
+	t.mu.Lock()
+	clear(t.entries)
+	t.pending = nil
+	stopped := t.stopped
+	t.mu.Unlock()
+	if stopped != nil {
+		<-stopped
+	}
+}

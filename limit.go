@@ -43,6 +43,26 @@ type Limit struct {
 	// Result whose limit would have denied has Shadowed set. Use it to see
 	// what a new limit would do before turning it on.
 	Shadow bool
+
+	// Leased decides this limit in the process, from quota the Limiter leases
+	// from Redis in chunks: a chunk is counted in Redis when it is taken, as if
+	// its requests had been admitted then, so no server admits what the shared
+	// count has not already counted. For hot ids (a global limit, a large
+	// tenant); a limit per user gains nothing from it.
+	//
+	// A lease serves only the window it was counted in (for a strict limit,
+	// its sub-window); what is left of it then is given back, at the latest
+	// with the next decision on the id, or within about a second when the id
+	// goes quiet. A server asks for more while its leases run out and for
+	// less when they expire unused, never more than Rate/20 at once, and
+	// Redis cuts a lease to half of what the limit has left beyond the
+	// request, so that near the limit leases shrink to single requests. The
+	// Result of a decision from a lease says, in Count and Remaining, the
+	// shared count as of this process's last lease plus what this process
+	// used of it since. A lease held serves while Redis is down. A request
+	// that takes a lease is not counted when denied, even under
+	// WithCountDenied. See docs/leases.md.
+	Leased bool
 }
 
 // StrictSubWindows is the number of sub-windows a Strict limit's Window is

@@ -140,6 +140,7 @@ type Limiter struct {
 	t           *transport    // nil for a nil client
 	denied      *denyCache    // nil unless WithDenyCache
 	local       *localWindows // nil unless FailLocal
+	leases      *leaseTable
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
 }
@@ -176,8 +177,9 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		sleep:      sleepCtx,
 	}
 	if cfg.countDenied {
-		l.countDenied = 1
+		l.countDenied = modeCountDenied
 	}
+	l.leases = newLeaseTable(l)
 	if cfg.denyMax > 0 && !cfg.countDenied {
 		l.denied = newDenyCache(cfg.denyMax)
 	}
@@ -277,6 +279,7 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	if l.denied != nil {
 		l.denied.forget(id, pos)
 	}
+	l.leases.forget(id, pos)
 	if err != nil {
 		return wrap("ratelimit: reset", err)
 	}

@@ -17,9 +17,12 @@ const (
 	// SourcePolicy is a decision of the failure policy: Redis could not
 	// decide, or the circuit breaker was open.
 	SourcePolicy
+	// SourceLease: the decision was made from this process's lease, without
+	// Redis (see Limit.Leased). A decision that took a lease is SourceRedis.
+	SourceLease
 )
 
-// String returns "redis", "cache" or "policy".
+// String returns "redis", "cache", "policy" or "lease".
 func (s Source) String() string {
 	switch s {
 	case SourceRedis:
@@ -28,6 +31,8 @@ func (s Source) String() string {
 		return "cache"
 	case SourcePolicy:
 		return "policy"
+	case SourceLease:
+		return "lease"
 	}
 	return "unknown"
 }

@@ -58,17 +58,41 @@ var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
 // handed to the transport, and a call's arguments point into it rather
 // than box copies of its numbers.
 type request struct {
-	cost        int64 // 0 looks without counting
-	countDenied int64 // 1: a denied request is counted too (WithCountDenied)
-	nlimits     int64
-	keys        []string    // every limit's keys, in order
-	limits      []limitArgs // one per limit
+	cost    int64 // 0 looks without counting; below 0 gives back (see giveBack)
+	mode    int64 // modeCount, modeCountDenied or modeLease
+	nlimits int64
+	keys    []string    // every limit's keys, in order
+	limits  []limitArgs // one per limit
 }
 
+// A request's mode, as the script takes it.
+const (
+	modeCount       = 0 // an allowed request is counted
+	modeCountDenied = 1 // a denied one too, up to each limit's rate (WithCountDenied)
+	modeLease       = 2 // each limit counts what it leases: see limitArgs
+)
+
 // limitArgs are one limit's arguments to the script: see
-// sliding_window.lua.
+// sliding_window.lua. In a request of modeLease, need and most say what the
+// limit counts: it admits the request if need fits (need 0: always), and
+// then counts granted(need, most, rate, usage); a limit that is not leased has
+// both at the request's cost.
 type limitArgs struct {
 	rate, weight, window, ttl int64
+	need, most                int64
+}
+
+// granted returns what the script counts for a limit of modeLease that
+// admitted need at usage: at most most, at least need, and beyond need at
+// most half of what the rate leaves.
+func granted(need, most, rate, usage int64) int64 {
+	return min(most, max(need, (rate-usage)/2))
+}
+
+// giveBack returns a request that lowers key by n, never below 0, and
+// creates nothing: see sliding_window.lua.
+func giveBack(key string, n int64) *request {
+	return &request{cost: -n, nlimits: 1, keys: []string{key}, limits: []limitArgs{{weight: 1}}}
 }
 
 // newLimitArgs returns the script's arguments for limit placed at p.
@@ -150,10 +174,13 @@ func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
 		}
 	}
 	for _, r := range reqs {
-		args = append(args, &r.cost, &r.nlimits, &r.countDenied)
+		args = append(args, &r.cost, &r.nlimits, smallInts[r.mode])
 		for i := range r.limits {
 			a := &r.limits[i]
 			args = append(args, &a.rate, &a.weight, &a.window, &a.ttl)
+			if r.mode == modeLease {
+				args = append(args, &a.need, &a.most)
+			}
 		}
 	}
 	return args
@@ -206,7 +233,8 @@ func callLen(reqs []*request, cross bool) int {
 	}
 	n := 6
 	for _, r := range reqs {
-		n += len(r.keys) + 3 + 4*len(r.limits)
+		_, values := r.callSize()
+		n += values
 	}
 	return n
 }
@@ -214,13 +242,17 @@ func callLen(reqs []*request, cross bool) int {
 // shortCall reports whether a call of reqs goes in the script's short
 // form: one request, of one sliding limit, whose denial is not counted.
 func shortCall(reqs []*request) bool {
-	return len(reqs) == 1 && len(reqs[0].limits) == 1 && reqs[0].limits[0].window > 0 && reqs[0].countDenied == 0
+	return len(reqs) == 1 && len(reqs[0].limits) == 1 && reqs[0].limits[0].window > 0 && reqs[0].mode == modeCount
 }
 
 // callSize returns what a request adds to a call: its keys, and its keys and
 // arguments together.
 func (r *request) callSize() (keys, values int) {
-	return len(r.keys), len(r.keys) + 3 + 4*len(r.limits)
+	perLimit := 4
+	if r.mode == modeLease {
+		perLimit = 6
+	}
+	return len(r.keys), len(r.keys) + 3 + perLimit*len(r.limits)
 }
 
 // smallInts are the numbers a call's header most often holds, as command
@@ -270,7 +302,11 @@ func decodeReply(vals []int64, reqs []*request, out []reply) error {
 			}
 			// The script allows only what fits; a reply that says
 			// otherwise was not written by it.
-			if rep.err == nil && rep.allowed && a.estimate(c[:n]) > a.rate-r.cost {
+			need := r.cost
+			if r.mode == modeLease {
+				need = a.need
+			}
+			if rep.err == nil && rep.allowed && need > 0 && a.estimate(c[:n]) > a.rate-need {
 				rep.err = fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, c[:n], a.rate)
 			}
 			c = c[n:]

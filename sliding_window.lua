@@ -43,14 +43,23 @@
 --     not serve fails the call before any write.
 --   ARGV[3]: 1 if a key may appear in more than one request, else 0: then
 --     each request sees the counts the ones before it wrote.
---   Per request: its cost (0 looks without counting), its number of
---     limits, and 1 if a denied request is counted too, else 0.
+--   Per request: its cost (0 looks without counting; below 0 gives back,
+--     see below), its number of limits, and its mode: 0, or 1 if a denied
+--     request is counted too, or 2 if it takes leases.
 --   Per limit of the request: its rate, then two numbers that say how to
 --     weigh its keys, then the TTL in ms of a key it creates:
 --       sliding: the ms left in the current window and the window in ms;
 --         its keys are the current and the previous window's.
 --       strict: the number of keys and 0; its keys are its sub-windows,
 --         current first, each counted in full.
+--     In mode 2, two more: need and most. The limit admits the request when
+--     need fits (need 0: always), and then counts min(most, max(need,
+--     floor((rate - usage) / 2))): a lease of at most most, and of at most
+--     half of what is left beyond what the request needs, so that leases
+--     shrink to single requests near the limit. A limit not leased is sent
+--     with need and most both the cost.
+--   A request of cost -n gives back: each of its limits, strict with one key,
+--     has that key lowered by n, never below 0; an absent key stays absent.
 --   KEYS, then the keys in ARGV: per request, per limit, its keys in that
 --     order.
 --   Denied under count-denied, each limit's current key grows by the cost up
@@ -170,7 +179,9 @@ local key = 1
 for _ = 1, num(argv[1]) do
   local cost = num(argv[arg])
   local limits = num(argv[arg + 1])
-  local count_denied = argv[arg + 2] == '1'
+  local mode = argv[arg + 2]
+  local count_denied, leased = mode == '1', mode == '2'
+  local stride = leased and 6 or 4
   nreply = nreply + 1
   local flag = nreply
   local allowed = cost > 0
@@ -179,6 +190,7 @@ for _ = 1, num(argv[1]) do
   local bad, never = false, false
   for _ = 1, limits do
     local rate, weight, window = num(argv[a]), num(argv[a + 1]), num(argv[a + 2])
+    local need = leased and num(argv[a + 4]) or cost
     local nk = window > 0 and 2 or weight
     local usage, c = 0, 0
     for j = k, k + nk - 1 do
@@ -195,22 +207,44 @@ for _ = 1, num(argv[1]) do
     if window > 0 then -- c is the previous window's count
       usage = usage - c + floor(c * weight / window)
     end
-    if usage + cost > rate then allowed = false end
-    if cost > rate then never = true end
-    k, a = k + nk, a + 4
+    if need > 0 and usage + need > rate then allowed = false end
+    if need > rate then never = true end
+    k, a = k + nk, a + stride
   end
   if bad then allowed = false end
-  if allowed or (count_denied and cost > 0 and not bad and not never) then
-    -- allowed: every limit counts the cost; denied and counting denials:
-    -- every limit counts it up to its rate
+  if cost < 0 and not bad then
+    -- give back: lower each limit's one key, never below 0
+    local r = flag + 1
+    k = key
+    for _ = 1, limits do
+      local cur = reply[r]
+      local sub = math.min(cur, -cost)
+      if sub > 0 then
+        call('DECRBY', keys[k], string.format('%d', sub))
+        if written then written[keys[k]] = cur - sub end
+      end
+      r, k = r + 1, k + 1
+    end
+  elseif allowed or (count_denied and cost > 0 and not bad and not never) then
+    -- allowed: every limit counts the cost (in mode 2, what it leases);
+    -- denied and counting denials: every limit counts it up to its rate
     local r = flag + 1
     k, a = key, arg + 3
     for _ = 1, limits do
-      local window = num(argv[a + 2])
+      local rate, window = num(argv[a]), num(argv[a + 2])
       local nk = window > 0 and 2 or num(argv[a + 1])
       local cur, add, add_arg = reply[r], cost, argv[arg]
-      if not allowed then
-        add = math.max(0, math.min(cost, num(argv[a]) - cur))
+      if leased then
+        local usage = cur
+        if window > 0 then
+          usage = usage + floor(reply[r + 1] * num(argv[a + 1]) / window)
+        else
+          for j = r + 1, r + nk - 1 do usage = usage + reply[j] end
+        end
+        add = math.min(num(argv[a + 5]), math.max(num(argv[a + 4]), floor((rate - usage) / 2)))
+        add_arg = add == num(argv[a + 5]) and argv[a + 5] or string.format('%d', add)
+      elseif not allowed then
+        add = math.max(0, math.min(cost, rate - cur))
         add_arg = string.format('%d', add)
       end
       if add > 0 then
@@ -221,10 +255,10 @@ for _ = 1, num(argv[1]) do
         end
         if written then written[keys[k]] = cur + add end
       end
-      r, k, a = r + nk, k + nk, a + 4
+      r, k, a = r + nk, k + nk, a + stride
     end
   end
   if allowed then reply[flag] = 1 end
-  key, arg = k, arg + 3 + 4 * limits
+  key, arg = k, arg + 3 + stride * limits
 end
 return reply

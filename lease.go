@@ -1,0 +1,440 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// leaseTable holds this process's leases of Leased limits: units counted in
+// Redis ahead of the requests they serve (see Limit.Leased).
+//
+// A lease of an id and a limit holds units counted in one window (for a
+// strict limit, one sub-window) at that window's key, and serves requests
+// while the Limiter's clock is in it. What is left when the clock has moved
+// on is given back to that key, never below 0: by the next decision on the
+// id, which must take a new lease and carries the give-back in its call, or
+// else by the sweeper. A request that Redis denies gives back to the lease
+// the units it took from it, unwritten.
+//
+// The sweeper runs while the table holds a lease or a give-back: every
+// sweepEvery of real time it drops the leases whose window has passed or
+// that no decision used for idleSweeps sweeps, and sends what they held
+// back, with the give-backs that could not travel with a decision (of an
+// evicted lease, of a lease that came back after its window). It ends when
+// the table is empty.
+//
+// One lock guards the table: a hot id's decisions all meet at its lease
+// anyway, and what each does under the lock is a few sums.
+type leaseTable struct {
+	l        *Limiter
+	mu       sync.Mutex
+	entries  map[leaseKey]*lease
+	pending  []pendingGive // give-backs for the sweeper to send
+	sweeps   int64         // the sweeps so far: the table's coarse clock
+	sweeping bool          // a sweeper goroutine runs
+	stopped  chan struct{} // closed when the last sweeper started has ended
+}
+
+// leaseKey is an id and the length and kind of a limit's windows: the
+// count a lease is counted in.
+type leaseKey struct {
+	id      string
+	w, subs int64
+}
+
+// lease is what this process holds of one count.
+type lease struct {
+	rate  int64  // the Rate of the limit that took it, which sized it
+	i     int64  // the window (sub-window) index its units are counted in
+	key   string // that window's key; empty until a lease is granted in it
+	left  int64  // units counted and not used
+	used  int64  // units of the last lease used since it was taken
+	seen  counts // the counts Redis reported with the last lease, before it
+	size  int64  // the lease to ask for next
+	sweep int64  // the sweep during which it was last used
+}
+
+// pendingGive is a give-back waiting for the sweeper: of id, at the key of a
+// limit whose windows p places.
+type pendingGive struct {
+	id  string
+	p   position
+	req *request
+}
+
+const (
+	// maxLeases bounds the table: leases are for hot ids, a few per
+	// process. A full table evicts a lease, giving its units back.
+	maxLeases = 10_000
+	// leaseFraction caps a lease at Rate/leaseFraction units: what one
+	// server can hold unused of a limit at any moment.
+	leaseFraction = 20
+	// sweepEvery and idleSweeps set how soon the units of a lease no
+	// decision uses go back: within about a second.
+	sweepEvery = 250 * time.Millisecond
+	idleSweeps = 4
+)
+
+func newLeaseTable(l *Limiter) *leaseTable {
+	return &leaseTable{l: l, entries: make(map[leaseKey]*lease)}
+}
+
+// leaseCap returns the largest lease of a limit of rate.
+func leaseCap(rate int64) int64 { return max(1, rate/leaseFraction) }
+
+// leased reports whether some limit of d is Leased.
+func (d *decision) leased() bool {
+	for i := range d.limits {
+		if d.limits[i].Leased {
+			return true
+		}
+	}
+	return false
+}
+
+// current returns the lease of id at p if it serves the clock there for a
+// limit of rate.
+func (e *lease) current(p position, rate int64) bool {
+	return e != nil && e.i == p.i && e.rate == rate
+}
+
+// serve decides d, a decision whose every limit is Leased, from the leases
+// alone if each holds what it needs: n units to take (a look takes nothing
+// and needs one). It reports whether it did, with d's spans and replies
+// filled for derive; if not, it has changed nothing.
+func (t *leaseTable) serve(id string, d *decision, now int64, look bool) bool {
+	for i := range d.limits {
+		if !d.limits[i].Leased {
+			return false
+		}
+	}
+	n := max(d.cost, 1)
+	if len(d.spans) != len(d.limits) {
+		d.spans = make([]span, len(d.limits))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, limit := range d.limits {
+		s := &d.spans[i]
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), leased: true, local: true}
+		e := t.entries[leaseKey{id, s.pos.w, s.pos.subs}]
+		if !e.current(s.pos, limit.Rate) || e.left < n {
+			return false
+		}
+	}
+	for i := range d.spans {
+		s := &d.spans[i]
+		e := t.entries[leaseKey{id, s.pos.w, s.pos.subs}]
+		s.seen = e.seen
+		s.seen[0] += e.used
+		s.need = n
+		e.sweep = t.sweeps
+		if !look {
+			s.held = n
+			e.left -= n
+			e.used += n
+		}
+	}
+	if len(d.replies) == 0 {
+		d.replies = make([]reply, 1)
+	}
+	d.replies = d.replies[:1]
+	d.replies[0] = reply{allowed: !look}
+	d.reqs = nil
+	return true
+}
+
+// take prepares d, built for Redis, for its Leased limits: each takes from
+// its lease what it holds of the cost n, up to all of it (then it is
+// decided here: its request, if every limit of it is, is not sent, and
+// d.unsent has its bit), and asks its request to lease the rest and more. It
+// returns the give-backs of leases whose window has passed, for the same
+// call. A look takes nothing: it goes to Redis as it is.
+func (t *leaseTable) take(id string, d *decision) []*request {
+	n := d.cost
+	var gives []*request
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range d.spans {
+		s := &d.spans[i]
+		limit := d.limits[s.at]
+		if !limit.Leased {
+			continue
+		}
+		s.leased = true
+		e := t.entry(id, s.pos)
+		if !e.current(s.pos, limit.Rate) {
+			if e.left > 0 && e.key != "" {
+				gives = append(gives, giveBack(e.key, e.left))
+				t.forgetDenial(id, s.pos)
+				if e.left > e.size/2 { // expired unused: ask for less
+					e.size = max(1, e.size/2)
+				}
+			}
+			*e = lease{rate: limit.Rate, i: s.pos.i, size: e.size}
+		}
+		e.sweep = t.sweeps
+		if e.left >= n {
+			s.local, s.held, s.need = true, n, n
+			s.seen = e.seen
+			s.seen[0] += e.used
+			e.left -= n
+			e.used += n
+			continue
+		}
+		s.held, e.left = e.left, 0
+		s.need = n - s.held
+		s.grow = e.key != "" // a lease of this window ran out
+		s.most = max(s.need, min(e.size, leaseCap(limit.Rate)))
+	}
+	d.unsent = 0
+	for r, req := range d.reqs {
+		local := true
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && !s.local {
+				local = false
+			}
+		}
+		if local {
+			d.unsent |= 1 << r
+			continue
+		}
+		leases := false
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && s.leased {
+				leases = true
+			}
+		}
+		if !leases {
+			continue
+		}
+		req.mode = modeLease
+		for i := range req.limits {
+			req.limits[i].need, req.limits[i].most = req.cost, req.cost
+		}
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && s.leased {
+				a := &req.limits[s.arg]
+				if s.local {
+					a.need, a.most = 0, 0 // decided here; read for its counts
+				} else {
+					a.need, a.most = s.need, s.most
+				}
+			}
+		}
+	}
+	if len(gives) > 0 {
+		t.start()
+	}
+	return gives
+}
+
+// entry returns the lease of id at p, a new one if there is none, making
+// room for it when the table is full. Called with t.mu held.
+func (t *leaseTable) entry(id string, p position) *lease {
+	k := leaseKey{id, p.w, p.subs}
+	if e := t.entries[k]; e != nil {
+		return e
+	}
+	if len(t.entries) >= maxLeases {
+		for old, e := range t.entries {
+			t.drop(old, e)
+			break
+		}
+	}
+	e := &lease{i: p.i, size: 1}
+	t.entries[k] = e
+	t.start()
+	return e
+}
+
+// drop removes a lease from the table, and gives back what it holds.
+// Called with t.mu held.
+func (t *leaseTable) drop(k leaseKey, e *lease) {
+	delete(t.entries, k)
+	if e.left > 0 && e.key != "" {
+		t.pending = append(t.pending, pendingGive{k.id, position{w: k.w, subs: k.subs}, giveBack(e.key, e.left)})
+	}
+}
+
+// settle ends what take began, once d's call is answered (ok) or has failed:
+// a Leased limit of a request Redis allowed keeps what it took and adds to
+// its lease the rest of what Redis leased; one of a request denied, or of a
+// failed call, gives back to its lease what it took from it. A lease that
+// came back after its window is given back.
+func (t *leaseTable) settle(id string, d *decision, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range d.spans {
+		s := &d.spans[i]
+		if !s.leased {
+			continue
+		}
+		k := leaseKey{id, s.pos.w, s.pos.subs}
+		e := t.entries[k]
+		allowed := ok && d.replies[s.req].allowed
+		if s.local && ok && (allowed || d.unsent&(1<<s.req) != 0) {
+			continue // decided here, and kept
+		}
+		key := d.reqs[s.req].keys[s.first]
+		if !allowed || s.local {
+			t.restore(id, e, s, key, s.held)
+			continue
+		}
+		extra := granted(s.need, s.most, s.rate, s.pos.estimate(&s.seen)) - s.need
+		if !e.current(s.pos, s.rate) {
+			if extra > 0 {
+				t.pending = append(t.pending, pendingGive{id, s.pos, giveBack(key, extra)})
+				t.start()
+			}
+			continue
+		}
+		e.left += extra
+		e.key, e.seen, e.used = key, s.seen, s.need
+		if s.grow {
+			e.size = min(leaseCap(s.rate), 2*e.size)
+		}
+	}
+}
+
+// restore gives units taken from a lease, counted at key in the window of
+// s, back to the lease, or to the key if the lease has moved on. Called
+// with t.mu held.
+func (t *leaseTable) restore(id string, e *lease, s *span, key string, units int64) {
+	if units == 0 {
+		return
+	}
+	if e.current(s.pos, s.rate) {
+		e.left += units
+		e.used = max(0, e.used-units)
+		return
+	}
+	t.pending = append(t.pending, pendingGive{id, s.pos, giveBack(key, units)})
+	t.start()
+}
+
+// later leaves gives, the give-backs of a decision of id that sends nothing,
+// to the sweeper. Their positions do not matter: a decision gives back
+// only leases whose window has passed, and has forgotten their denials.
+func (t *leaseTable) later(id string, gives []*request) {
+	if len(gives) == 0 {
+		return
+	}
+	t.mu.Lock()
+	for _, g := range gives {
+		t.pending = append(t.pending, pendingGive{id: id, req: g})
+	}
+	t.start()
+	t.mu.Unlock()
+}
+
+// gaveBack reports the give-backs of a call that failed alone: a key that
+// holds no count.
+func (t *leaseTable) gaveBack(ctx context.Context, id string, replies []reply) {
+	for _, r := range replies {
+		if r.err != nil {
+			t.l.onError(ctx, id, wrap("ratelimit: giving back a lease", r.err))
+		}
+	}
+}
+
+// forgetDenial drops what the deny cache holds of id at p: a give-back lowers
+// a count it may hold, and it must hold lower bounds.
+func (t *leaseTable) forgetDenial(id string, p position) {
+	if t.l.denied != nil {
+		t.l.denied.forget(id, p)
+	}
+}
+
+// forget drops the lease of id at p without giving anything back: Reset
+// deleted what it was counted in.
+func (t *leaseTable) forget(id string, p position) {
+	t.mu.Lock()
+	delete(t.entries, leaseKey{id, p.w, p.subs})
+	t.mu.Unlock()
+}
+
+// start starts the sweeper if it is not running. Called with t.mu held.
+func (t *leaseTable) start() {
+	if t.sweeping {
+		return
+	}
+	t.sweeping = true
+	t.stopped = make(chan struct{})
+	go t.run(t.stopped)
+}
+
+// run sweeps every sweepEvery until a sweep leaves the table empty, then
+// closes stopped.
+func (t *leaseTable) run(stopped chan struct{}) {
+	defer close(stopped)
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
+	for range tick.C {
+		if !t.sweep() {
+			return
+		}
+	}
+}
+
+// sweep drops the leases whose window has passed or that have been idle for
+// idleSweeps sweeps, and sends what they held back with every pending
+// give-back, each in a call of its own (they may be of ids on different
+// Cluster slots). It reports whether the sweeper must go on: false, with
+// t.sweeping cleared, once the table is empty.
+func (t *leaseTable) sweep() bool {
+	now := t.l.now().UnixMilli()
+	t.mu.Lock()
+	t.sweeps++
+	for k, e := range t.entries {
+		if e.i != floorDiv(now, k.w) || t.sweeps-e.sweep >= idleSweeps {
+			t.drop(k, e)
+		}
+	}
+	gives := t.pending
+	t.pending = nil
+	more := len(t.entries) > 0
+	if !more && len(gives) == 0 {
+		t.sweeping = false
+	}
+	t.mu.Unlock()
+	for _, g := range gives {
+		t.send(g)
+	}
+	if !more && len(gives) > 0 {
+		t.mu.Lock()
+		more = len(t.entries) > 0 || len(t.pending) > 0
+		if !more {
+			t.sweeping = false
+		}
+		t.mu.Unlock()
+	}
+	return more
+}
+
+// send sends one give-back. A give-back is never sent twice: one that may
+// have reached Redis and been lost is lost, which under-uses the limit and
+// never over-admits.
+func (t *leaseTable) send(g pendingGive) {
+	if g.p.w > 0 {
+		t.forgetDenial(g.id, g.p)
+	}
+	var out [1]reply
+	err := t.l.t.do(context.Background(), []*request{g.req}, out[:])
+	if err == nil {
+		err = out[0].err
+	}
+	if err != nil {
+		t.l.onError(context.Background(), g.id, wrap("ratelimit: giving back a lease", err))
+	}
+}
+
+// floorDiv returns t / w rounded down.
+func floorDiv(t, w int64) int64 {
+	i := t / w
+	if t%w < 0 {
+		i--
+	}
+	return i
+}
