@@ -123,7 +123,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		gives = l.leases.take(id, d)
 		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
 			l.leases.later(id, gives)
-			d.received(nil)
+			d.received(nil, 0)
 			d.derive()
 			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 		}
@@ -146,9 +146,9 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	}
 	err := l.t.do(ctx, reqs, replies)
 	if leased && !look {
-		d.received(replies)
+		d.received(replies, len(gives))
 		if err == nil {
-			l.leases.gaveBack(ctx, id, replies[len(reqs)-len(gives):])
+			l.leases.gaveBack(ctx, id, replies[:len(gives)])
 		}
 	}
 	if err == nil {
@@ -256,27 +256,29 @@ func (d *decision) absorb() {
 }
 
 // sending returns the requests to send of reqs, d's (which it takes from its
-// caller, not from d: see build), those not decided from leases and then
-// gives, with their replies' places.
+// caller, not from d: see build): gives first, so that the requests after
+// them see the counts they lower, then those not decided from leases; with
+// their replies' places.
 func (d *decision) sending(reqs, gives []*request) ([]*request, []reply) {
 	if d.unsent == 0 && len(gives) == 0 {
 		return reqs, d.replies
 	}
-	send := make([]*request, 0, len(reqs)+len(gives))
+	send := append(make([]*request, 0, len(reqs)+len(gives)), gives...)
 	for r, req := range reqs {
 		if d.unsent&(1<<r) == 0 {
 			send = append(send, req)
 		}
 	}
-	return append(send, gives...), make([]reply, len(send)+len(gives))
+	return send, make([]reply, len(send))
 }
 
-// received puts the replies of the requests sending returned in d.replies,
-// and allows the requests decided from leases.
-func (d *decision) received(replies []reply) {
+// received puts the replies of the requests sending returned, after those
+// of its gives, in d.replies, and allows the requests decided from leases.
+func (d *decision) received(replies []reply, gives int) {
 	if len(replies) > 0 && &replies[0] == &d.replies[0] {
 		return
 	}
+	replies = replies[min(gives, len(replies)):]
 	for r := range d.reqs {
 		if d.unsent&(1<<r) != 0 {
 			d.replies[r] = reply{allowed: true}

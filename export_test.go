@@ -29,3 +29,17 @@ func DropLeases(l *Limiter) {
 		<-stopped
 	}
 }
+
+// SetMaxLeases bounds l's lease table at n, in place of maxLeases.
+func SetMaxLeases(l *Limiter, n int) {
+	l.leases.mu.Lock()
+	l.leases.max = n
+	l.leases.mu.Unlock()
+}
+
+// LeaseCount returns how many leases l holds.
+func LeaseCount(l *Limiter) int {
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	return len(l.leases.entries)
+}

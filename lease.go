@@ -30,6 +30,7 @@ type leaseTable struct {
 	l        *Limiter
 	mu       sync.Mutex
 	entries  map[leaseKey]*lease
+	max      int           // entries at most: maxLeases
 	pending  []pendingGive // give-backs for the sweeper to send
 	sweeps   int64         // the sweeps so far: the table's coarse clock
 	sweeping bool          // a sweeper goroutine runs
@@ -77,7 +78,7 @@ const (
 )
 
 func newLeaseTable(l *Limiter) *leaseTable {
-	return &leaseTable{l: l, entries: make(map[leaseKey]*lease)}
+	return &leaseTable{l: l, entries: make(map[leaseKey]*lease), max: maxLeases}
 }
 
 // leaseCap returns the largest lease of a limit of rate.
@@ -237,7 +238,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 	if e := t.entries[k]; e != nil {
 		return e
 	}
-	if len(t.entries) >= maxLeases {
+	if len(t.entries) >= t.max {
 		for old, e := range t.entries {
 			t.drop(old, e)
 			break
@@ -428,13 +429,4 @@ func (t *leaseTable) send(g pendingGive) {
 	if err != nil {
 		t.l.onError(context.Background(), g.id, wrap("ratelimit: giving back a lease", err))
 	}
-}
-
-// floorDiv returns t / w rounded down.
-func floorDiv(t, w int64) int64 {
-	i := t / w
-	if t%w < 0 {
-		i--
-	}
-	return i
 }

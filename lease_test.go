@@ -130,13 +130,16 @@ func runNeverOver(t *testing.T, mk newEnv) {
 	for _, c := range []struct {
 		name  string
 		limit ratelimit.Limit
+		opts  []ratelimit.Option
 	}{
-		{"Sliding", ratelimit.Limit{Rate: 600, Window: time.Second, Leased: true}},
-		{"Strict", ratelimit.Limit{Rate: 600, Window: time.Second, Strict: true, Leased: true}},
-		{"SlidingUnleased", ratelimit.Limit{Rate: 600, Window: time.Second}},
+		{"Sliding", ratelimit.Limit{Rate: 600, Window: time.Second, Leased: true}, nil},
+		{"Strict", ratelimit.Limit{Rate: 600, Window: time.Second, Strict: true, Leased: true}, nil},
+		{"DenyCache", ratelimit.Limit{Rate: 600, Window: time.Second, Leased: true}, []ratelimit.Option{ratelimit.WithDenyCache(100)}},
+		{"SlidingUnleased", ratelimit.Limit{Rate: 600, Window: time.Second}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := mk(t)
+			e.opts = c.opts
 			adm, fromLease := neverOver(t, e, c.limit, 4, 4, 300, 7)
 			var total int64
 			for _, a := range adm {
@@ -438,6 +441,38 @@ func count(got []ratelimit.Source, s ratelimit.Source) int {
 		}
 	}
 	return n
+}
+
+// The lease table is bounded: a lease evicted to make room gives back what
+// it held, so that Redis ends with exactly what was admitted.
+func TestLeaseTableBounded(t *testing.T) {
+	t.Parallel()
+	e := miniredisEnv(t)
+	l := leasing(t, e)
+	const max, ids = 20, 70
+	ratelimit.SetMaxLeases(l, max) // as 10,000 would, sooner
+	ctx := context.Background()
+	limit := ratelimit.Limit{Rate: 1000, Window: time.Minute, Leased: true}
+	for i := range ids {
+		for range 2 { // leases of 1, then of 2: one unit left
+			r, err := l.Allow(ctx, fmt.Sprint("id-", i), limit)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+		}
+	}
+	require.LessOrEqual(t, ratelimit.LeaseCount(l), max)
+	ratelimit.SweepLeases(l) // sends the evicted leases' give-backs
+	w := e.windowIndex(time.Minute)
+	given := 0
+	for i := range ids {
+		n, err := e.client.Get(ctx, e.key(fmt.Sprint("id-", i), time.Minute, w)).Int64()
+		require.NoError(t, err)
+		require.Contains(t, []int64{2, 3}, n, "id-%d", i)
+		if n == 2 {
+			given++
+		}
+	}
+	require.GreaterOrEqual(t, given, ids-max, "the evicted leases gave back their unit")
 }
 
 func TestLeaseMiniredis(t *testing.T) {

@@ -55,12 +55,12 @@ type Limit struct {
 	// with the next decision on the id, or within about a second when the id
 	// goes quiet. A server asks for more while its leases run out and for
 	// less when they expire unused, never more than Rate/20 at once, and
-	// Redis cuts a lease to half of what the limit has left beyond the
-	// request, so that near the limit leases shrink to single requests. The
-	// Result of a decision from a lease says, in Count and Remaining, the
-	// shared count as of this process's last lease plus what this process
-	// used of it since. A lease held serves while Redis is down. A request
-	// that takes a lease is not counted when denied, even under
+	// Redis cuts a lease to half of what the limit has left (or to what the
+	// request needs, if that is more), so that near the limit leases shrink
+	// to single requests. Count and Remaining of a decision made from a lease
+	// are the shared count as of this process's last lease plus what this
+	// process used of it since. A lease held serves while Redis is down. A
+	// request that takes a lease is not counted when denied, even under
 	// WithCountDenied. See docs/leases.md.
 	Leased bool
 }
@@ -81,8 +81,8 @@ func PerMinute(rate int64) Limit { return Limit{Rate: rate, Window: time.Minute}
 // PerHour returns a Limit of rate requests in any one hour.
 func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
 
-// String returns the limit as "100/1m0s", with " strict" or " shadow"
-// after it when it is either.
+// String returns the limit as "100/1m0s", with " strict", " shadow" or
+// " leased" after it for each it is.
 func (l Limit) String() string {
 	s := fmt.Sprintf("%d/%v", l.Rate, l.Window)
 	if l.Strict {
@@ -90,6 +90,9 @@ func (l Limit) String() string {
 	}
 	if l.Shadow {
 		s += " shadow"
+	}
+	if l.Leased {
+		s += " leased"
 	}
 	return s
 }

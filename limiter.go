@@ -126,8 +126,10 @@ func better(r, b Result) bool {
 // ignores ctx deadlines (go-redis's default), a call that timed out leaves
 // the client's goroutine waiting until the client's ReadTimeout; with
 // batching, the goroutine sending a batch ends when no request is waiting;
-// and the first successful call to each server starts one that looks up
-// its eviction policy, within a second.
+// the first successful call to each server starts one that looks up its
+// eviction policy, within a second; and while the Limiter holds leases
+// (Limit.Leased), one gives back what goes unused, and ends about a second
+// after the last leased decision.
 type Limiter struct {
 	keyPrefix   string // the prefix, escaped, then ":{"
 	now         func() time.Time
@@ -248,7 +250,8 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int
 // Peek reports where id stands against limit without counting anything:
 // Count is the current estimate and ResetAfter the wait until it is 0;
 // Allowed and RetryAfter are what a request of cost 1 would get now. Errors
-// are as for AllowN.
+// are as for AllowN. For a Leased limit, a lease held with a unit left
+// answers without Redis, as a decision from it would count.
 func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
 	return l.decideOne(ctx, id, limit, 0, true)
 }
@@ -264,7 +267,8 @@ func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Res
 }
 
 // Reset forgets id's usage of limit: it deletes the keys of its current and
-// previous windows (every sub-window, for a strict limit). The error is
+// previous windows (every sub-window, for a strict limit), and drops any
+// lease this process holds of them (Limit.Leased) without giving it back. The error is
 // non-nil for invalid input, when ctx is done, and when Redis fails; the
 // failure policy does not apply.
 func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {

@@ -30,11 +30,17 @@ func locate(t int64, limit Limit) position {
 		subs = StrictSubWindows
 		w /= subs
 	}
+	i := floorDiv(t, w)
+	return position{w: w, i: i, e: t - i*w, subs: subs}
+}
+
+// floorDiv returns t / w rounded down, not truncated: for clocks before 1970.
+func floorDiv(t, w int64) int64 {
 	i := t / w
-	if t%w < 0 { // floor, not truncation, for clocks before 1970
+	if t%w < 0 {
 		i--
 	}
-	return position{w: w, i: i, e: t - i*w, subs: subs}
+	return i
 }
 
 // keys returns the number of keys (and counts) the limit reads.

@@ -1,7 +1,9 @@
 // Command accuracy measures how the library's sliding window decides against
 // the exact sliding log, next to a fixed window, GCRA (as go-redis/redis_rate
 // does it), strict mode and count-denied mode, on seeded traces of honest
-// clients and attackers. It writes docs/accuracy.md and docs/accuracy.svg:
+// clients and attackers, and what a leased limit under-uses against an
+// unleased one (running the library on miniredis). It writes
+// docs/accuracy.md and docs/accuracy.svg:
 //
 //	cd accuracy && go run .
 //
@@ -26,7 +28,21 @@ func main() {
 	start := time.Now()
 	c := defaultConfig()
 	c.Seed = *seed
-	if err := write(*out, runStudy(c)); err != nil {
+	s := runStudy(c)
+	s.leaseConfig = defaultLeaseConfig()
+	s.leaseConfig.Seed = *seed
+	var err error
+	if s.leases, err = runLeases(s.leaseConfig); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, r := range s.leases {
+		if r.over > 0 {
+			fmt.Fprintf(os.Stderr, "accuracy: a leased limit broke the sliding rule at %d admissions (%s, %d servers)\n", r.over, r.demand, r.servers)
+			os.Exit(1)
+		}
+	}
+	if err := write(*out, s); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

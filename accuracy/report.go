@@ -18,8 +18,9 @@ func (s *study) markdown() string {
 	p("## Reproduce\n\n")
 	p("```sh\ncd accuracy && go run .            # writes ../docs/accuracy.md and ../docs/accuracy.svg\n")
 	p("go run . -seed 2 -out /tmp/accuracy  # another seed, elsewhere\n```\n\n")
-	p("The traces are drawn from the seed alone, so a seed always gives the same file. ")
-	p("The run prints its time; it takes a few seconds on 2 cores.\n\n")
+	p("The traces are drawn from the seed alone, so a seed always gives the same file, but for the leased section's rows: ")
+	p("they come from the library itself, whose lease sweeper runs in real time, and may differ by a few requests from run to run. ")
+	p("The run prints its time; it takes about two minutes on 2 cores, nearly all of it the leased section's replays on miniredis.\n\n")
 
 	p("## Setup\n\n")
 	p("Every client has the limit R = %s per W = %s, decided against its own counts; ", num(c.Rate), seconds(c.Window))
@@ -97,6 +98,10 @@ func (s *study) markdown() string {
 	p("- Every algorithm here sees one clock and one ordering of requests: no clock skew, no replicas, no lost replies. ")
 	p("The library's other documents cover those.\n")
 	p("- Attackers are modeled one per id; an attacker with many ids multiplies any of these limits by their number.\n")
+	if len(s.leases) > 0 {
+		p("\n")
+		leaseMarkdown(&b, s.leaseConfig, s.leases)
+	}
 	return b.String()
 }
 

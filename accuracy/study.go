@@ -124,6 +124,11 @@ type study struct {
 	config config
 	traces []traceResult
 	chart  []series
+	// The leased study's, when it ran: it runs the library on miniredis,
+	// and its lease sweeper in real time, so that its rows may differ a
+	// little from run to run.
+	leaseConfig leaseConfig
+	leases      []leaseRow
 }
 
 // runStudy replays every trace through every algorithm, the traces in parallel.

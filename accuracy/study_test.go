@@ -199,3 +199,28 @@ func TestChartIsXML(t *testing.T) {
 		t.Errorf("%d lines, want %d", lines, len(chartAlgorithms))
 	}
 }
+
+// A leased limit never breaks the sliding rule for what it admitted, on any
+// demand or number of servers, and under-uses little.
+func TestLeases(t *testing.T) {
+	c := leaseConfig{Rate: 400, Window: 1000, Windows: 6, Servers: []int{1, 4}, Seed: 3}
+	rows, err := runLeases(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(leaseDemands)*len(c.Servers) {
+		t.Fatalf("%d rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.over != 0 {
+			t.Errorf("%s on %d servers: the rule broken at %d admissions", r.demand, r.servers, r.over)
+		}
+		// What N servers can hold unused: N leases of at most R/20.
+		if bound := float64(r.servers) / 20; r.underUse() > bound {
+			t.Errorf("%s on %d servers: under-use %.3f above %.3f", r.demand, r.servers, r.underUse(), bound)
+		}
+		if r.unleased == 0 || r.fromLease == 0 {
+			t.Errorf("%s on %d servers: %+v", r.demand, r.servers, r)
+		}
+	}
+}
