@@ -14,6 +14,16 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/clock"
 )
 
+// closedMiniredis returns a client of a miniredis closed at once: a Redis
+// down all along, which refuses connections (no dial keeps retrying).
+func closedMiniredis(t *testing.T) *redis.Client {
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	mr.Close()
+	return client
+}
+
 // With Redis down all along, FailLocal makes the decisions of the sliding
 // window in this process, with each limit's share for one of 3 replicas: the
 // reference model, run with Rate/3, agrees on every field but Limit (the
@@ -21,10 +31,7 @@ import (
 func TestFailLocalMatchesModel(t *testing.T) {
 	t.Parallel()
 	const replicas = 3
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
+	client := closedMiniredis(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
 		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
@@ -71,10 +78,7 @@ func TestFailLocalMatchesModel(t *testing.T) {
 func TestFailLocalMatchesModelMixed(t *testing.T) {
 	t.Parallel()
 	const replicas = 3
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
+	client := closedMiniredis(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
 		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
@@ -123,10 +127,7 @@ func TestFailLocalMatchesModelMixed(t *testing.T) {
 // together admit about the limit while Redis is down: each its quarter.
 func TestFailLocalShares(t *testing.T) {
 	t.Parallel()
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
+	client := closedMiniredis(t)
 	clk := clock.NewFake(epoch)
 	limit := ratelimit.PerMinute(100)
 	total := 0
@@ -152,10 +153,7 @@ func TestFailLocalShares(t *testing.T) {
 // counted, which would forget that count.
 func TestFailLocalLateCaller(t *testing.T) {
 	t.Parallel()
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
+	client := closedMiniredis(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithFailurePolicy(ratelimit.FailLocal),
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
