@@ -6,11 +6,14 @@
 //	bench table results.jsonl...
 //	bench scriptcost round1.txt round2.txt...
 //	bench scriptcost -pattern 'one|batch16'
+//	bench hot -addr 127.0.0.1:6379 -mode leased -servers 8 -c 8 -duration 3s -flush
+//	bench hot -addr 127.0.0.1:6379 -mode leased -rate 10000 -account -duration 5s -flush
+//	bench hottable hot.jsonl...
 //	bench list [-scenario denied]
 //	bench freeport
 //	bench ping -addr 127.0.0.1:6379
 //
-// run and mem print one JSON line and exit 1 when calls failed or the
+// run, mem and hot print one JSON line and exit 1 when calls failed or the
 // outcome missed the scenario's check. -flush runs FLUSHALL: give it only
 // for a server the bench owns.
 package main
@@ -24,9 +27,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/bench"
 )
 
@@ -44,6 +49,10 @@ func main() {
 		err = table(args)
 	case "scriptcost":
 		err = scriptcost(args)
+	case "hot":
+		err = hot(args)
+	case "hottable":
+		err = hottable(args)
 	case "list":
 		err = list(args)
 	case "freeport":
@@ -60,7 +69,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: bench run|mem|table|scriptcost|list|freeport|ping [flags]; bench CMD -h for flags")
+	fmt.Fprintln(os.Stderr, "usage: bench run|mem|table|scriptcost|hot|hottable|list|freeport|ping [flags]; bench CMD -h for flags")
 	os.Exit(2)
 }
 
@@ -192,6 +201,107 @@ func scriptcost(args []string) error {
 		rounds = append(rounds, round)
 	}
 	return bench.ScriptCostTable(os.Stdout, rounds)
+}
+
+// hot runs the hot-id workload once (bench.RunHot): -servers Limiters, each
+// on a client of its own, -c goroutines each, one id, leased or not.
+// bench/hot.sh drives it.
+func hot(args []string) error {
+	fs := flag.NewFlagSet("hot", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:6379", "Redis address")
+	mode := fs.String("mode", "leased", "leased or unleased: Limit.Leased")
+	servers := fs.Int("servers", 8, "Limiters, each ratelimit.New on a go-redis client of its own")
+	conc := fs.Int("c", 8, "goroutines per Limiter")
+	rate := fs.Int64("rate", 1<<40, "Limit.Rate (the default is never reached)")
+	window := fs.Duration("window", time.Second, "Limit.Window")
+	account := fs.Bool("account", false, "record every admitted decision and account for them per window (for a -rate that is reached)")
+	minAllowed := fs.Float64("min-allowed", -1, "least share of decisions that must be allowed (default: 0.999 without -account, 0 with)")
+	dur := fs.Duration("duration", 3*time.Second, "measured time")
+	warmup := fs.Duration("warmup", 300*time.Millisecond, "unmeasured time before, same load")
+	round := fs.Int("round", 1, "round number, copied into the JSON")
+	flush := fs.Bool("flush", false, "FLUSHALL first (only for a server the bench owns)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (warm-up included) to this file")
+	_ = fs.Parse(args)
+	if *mode != "leased" && *mode != "unleased" {
+		return fmt.Errorf("hot: -mode %q: leased or unleased", *mode)
+	}
+	if *minAllowed < 0 {
+		*minAllowed = 0.999
+		if *account {
+			*minAllowed = 0
+		}
+	}
+	ctx := context.Background()
+	stats := redis.NewClient(&redis.Options{Addr: *addr})
+	defer stats.Close()
+	if err := stats.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("Redis at %s: %w", *addr, err)
+	}
+	if *flush {
+		if err := stats.FlushAll(ctx).Err(); err != nil {
+			return fmt.Errorf("FLUSHALL: %w", err)
+		}
+	}
+	limit := ratelimit.Limit{Rate: *rate, Window: *window, Leased: *mode == "leased"}
+	var placer *bench.Placer // the per-window accounting places each decision where its Limiter did
+	if *account {
+		placer = new(bench.Placer)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := bench.RunHot(ctx, bench.HotConfig{
+		Name: *mode, Servers: bench.NewHotOurs(*addr, *servers, limit, placer), Concurrency: *conc,
+		ID: "hot", Duration: *dur, Warmup: *warmup, Rate: *rate, Window: *window,
+		Windows: *account, Placer: placer, MinAllowed: *minAllowed, Stats: stats, Round: *round,
+	})
+	if err != nil {
+		return err
+	}
+	if err := printJSON(res); err != nil {
+		return err
+	}
+	if !res.OK {
+		return fmt.Errorf("hot, %s, %d × %d: %s: %w", res.Name, res.Servers, res.Concurrency, res.Problem, errFailed)
+	}
+	return nil
+}
+
+// hottable prints the tables of hot's JSON lines, from files or stdin.
+func hottable(files []string) error {
+	var readers []io.Reader
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		defer fh.Close()
+		readers = append(readers, fh)
+	}
+	if len(readers) == 0 {
+		readers = append(readers, os.Stdin)
+	}
+	res, err := bench.ReadHotResults(io.MultiReader(readers...))
+	if err != nil {
+		return err
+	}
+	if err := bench.HotTable(os.Stdout, res); err != nil {
+		return err
+	}
+	for _, r := range res {
+		if !r.OK {
+			return errors.New("some runs failed; see the end of the table")
+		}
+	}
+	return nil
 }
 
 // list prints the contenders' names, one a line: those that take part in
