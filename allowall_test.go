@@ -224,7 +224,7 @@ func testAllowAllPerLimitResults(t *testing.T, e env) {
 		{Count: 100, Limit: b, Remaining: 0, RetryAfter: 63351 * ms, ResetAfter: 119151 * ms},
 		{Count: 2, Limit: c, Remaining: 3, RetryAfter: ratelimit.InfDuration, ResetAfter: 1050 * ms},
 		{Count: 0, Limit: d, Remaining: 6, RetryAfter: ratelimit.InfDuration, ResetAfter: 0},
-	}, res)
+	}, ratelimit.PublicAll(res))
 	require.Equal(t, c, ratelimit.Binding(res).Limit)
 
 	// At a's RetryAfter a admits the request; b still denies it.
@@ -254,7 +254,7 @@ func testAllowAllPerLimitResults(t *testing.T, e env) {
 		{Allowed: true, Count: 100, Limit: b, Remaining: 0, ResetAfter: 60000 * ms},
 		{Allowed: true, Count: 1, Limit: c, Remaining: 4, ResetAfter: 1099 * ms},
 		{Allowed: true, Count: 1, Limit: d, Remaining: 5, ResetAfter: (3600000 - 60001 + 1) * ms},
-	}, res)
+	}, ratelimit.PublicAll(res))
 	require.Equal(t, b, ratelimit.Binding(res).Limit, "least Remaining")
 }
 
@@ -384,7 +384,7 @@ func testAllowAllMaxLimits(t *testing.T, e env) {
 	require.NoError(t, err)
 	require.Len(t, res, ratelimit.MaxLimits)
 	for i, r := range res {
-		require.Equal(t, ratelimit.Result{Allowed: true, Count: 1, Limit: limits[i], Remaining: 2, ResetAfter: r.ResetAfter}, r)
+		require.Equal(t, ratelimit.Result{Allowed: true, Count: 1, Limit: limits[i], Remaining: 2, ResetAfter: r.ResetAfter}, ratelimit.Public(r))
 		require.Positive(t, r.ResetAfter)
 	}
 	before := e.dump(t)
@@ -615,7 +615,7 @@ func TestAllowAllFailurePolicies(t *testing.T) {
 						{Allowed: true, Count: n, Limit: a, Remaining: 5 - n, ResetAfter: 2*time.Second - time.Duration(999/n)*ms, Degraded: true},
 						{Allowed: true, Count: n, Limit: b, Remaining: 3 - n, ResetAfter: 66 * time.Second, Degraded: true},
 						sRes,
-					}, res, "request %d", n)
+					}, ratelimit.PublicAll(res), "request %d", n)
 				}
 				// b's share is full: denied, and a counts nothing.
 				res, err := allow(1)
@@ -708,7 +708,7 @@ func TestAllowAllDenyCacheChangesNoDecision(t *testing.T) {
 		got, err := do(ctx, cached, o)
 		require.NoError(t, err, where)
 		if o.kind == opReset || source != ratelimit.SourceCache {
-			require.Equal(t, want, got, where)
+			require.Equal(t, ratelimit.PublicAll(want), ratelimit.PublicAll(got), where)
 			continue
 		}
 		local++

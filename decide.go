@@ -31,6 +31,9 @@ type decision struct {
 	// unsent has bit r set when reqs[r] is not sent: its limits are all
 	// Leased and decided from their leases (see leaseTable.take).
 	unsent uint32
+	// charge: a Charge, which counts whatever the counts; refund: a
+	// Refund's give-back (see charge.go).
+	charge, refund bool
 }
 
 // one holds a decision of one limit, beside it on its caller's stack: a
@@ -79,6 +82,7 @@ type span struct {
 	// lease; grow says its lease ran out within its window.
 	leased, local, grow bool
 	held, need, most    int64
+	entry               *lease // the lease it took from
 }
 
 // want returns what a request of cost n (1 for a look) adds to the span's
@@ -112,7 +116,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		return err
 	}
 	now := l.now().UnixMilli()
-	leased := d.leased()
+	leased := !d.charge && d.leased()
 	if leased && l.leases.serve(id, d, now, look) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
@@ -128,7 +132,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 		}
 	}
-	if l.denied != nil && !look && l.denied.deny(id, d) {
+	if l.denied != nil && !look && !d.charge && l.denied.deny(id, d) {
 		if leased {
 			l.leases.settle(id, d, false)
 			l.leases.later(id, gives)
@@ -167,6 +171,13 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		if leased && !look {
 			l.leases.settle(id, d, false)
 		}
+		if d.charge && !expired(ctx) {
+			l.onError(ctx, id, err)
+			if l.observer != nil {
+				l.observe(ctx, d, id, SourceRedis, took, err, false)
+			}
+			return wrap("ratelimit: charge", err)
+		}
 		if expired(ctx) {
 			// The caller left: no decision, and no Redis failure either.
 			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
@@ -178,11 +189,16 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if leased && !look {
 		l.leases.settle(id, d, true)
 	}
+	if d.charge {
+		d.deriveCharge()
+	}
 	if l.denied != nil && !look {
 		l.denied.record(id, d)
 	}
-	d.deniedCounted = true
-	d.derive()
+	if !d.charge {
+		d.deniedCounted = true
+		d.derive()
+	}
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
 
@@ -221,10 +237,13 @@ func (l *Limiter) build(d *decision, id string, now int64) []*request {
 	}
 	spans := make([]span, len(d.limits))
 	enforced := &request{cost: d.cost, mode: l.countDenied}
+	if d.charge {
+		enforced.mode = modeCharge // every limit, Shadow ones too
+	}
 	reqs := []*request{enforced}
 	for i, limit := range d.limits {
 		r, at := enforced, 0
-		if limit.Shadow && d.cost > 0 {
+		if limit.Shadow && d.cost > 0 && !d.charge {
 			r, at = &request{cost: d.cost, mode: l.countDenied}, len(reqs)
 			reqs = append(reqs, r)
 		}
@@ -244,12 +263,13 @@ func (l *Limiter) build(d *decision, id string, now int64) []*request {
 	return reqs
 }
 
-// absorb copies the counts of each request's reply into its spans; those
-// of a request not sent hold their leases' counts already.
+// absorb copies the counts of each request's reply into its spans but
+// those decided from leases, which hold their leases' counts: the counts as
+// of the last lease and this process's use since, which their Results
+// report (Redis's counts hold all of the lease, used or not).
 func (d *decision) absorb() {
 	for i := range d.spans {
-		s := &d.spans[i]
-		if d.unsent&(1<<s.req) == 0 {
+		if s := &d.spans[i]; !s.local {
 			copy(s.seen[:s.pos.keys()], d.replies[s.req].counts[s.first:])
 		}
 	}
@@ -307,8 +327,15 @@ func (d *decision) derive() {
 		if d.deniedCounted && !allowed && !look && d.reqs[s.req].mode == modeCountDenied && !d.never(s.req) {
 			added = max(0, min(d.cost, s.rate-s.seen[0])) // as the script adds
 		}
-		res := s.result(d.limits[s.at], s.want(n), counted, added)
-		fits := counted || s.pos.estimate(&s.seen)+s.want(n) <= s.rate
+		want := s.want(n)
+		if n > s.rate {
+			want = n // never admitted, leased or not: RetryAfter is InfDuration
+		}
+		res := s.result(d.limits[s.at], want, counted, added)
+		if counted {
+			res.window, res.counted = s.pos.i, n // all of n, leased or not
+		}
+		fits := counted || s.pos.estimate(&s.seen)+want <= s.rate
 		if !fits {
 			d.refused |= 1 << s.at
 		}
@@ -363,6 +390,11 @@ func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 // decision through, and the observer sees it. redisErr is what Redis
 // failed with, if it did; err is what the caller is to get.
 func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr, err error) error {
+	for i := range d.results {
+		if r := &d.results[i]; r.counted > 0 {
+			r.by, r.id = l.serial, idHash(id)
+		}
+	}
 	shadowed := false
 	if l.shadow && !d.allowed {
 		shadowed, err = true, nil
@@ -387,6 +419,12 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 	e := events.Get().(*Event)
 	e.results = append(e.results[:0], d.results...) // d may be on its caller's stack
 	*e = Event{Cost: d.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, results: e.results}
+	switch {
+	case d.charge:
+		e.Kind = EventCharge
+	case d.refund:
+		e.Kind, e.Cost = EventRefund, -d.cost
+	}
 	e.Shadow = l.shadow
 	for _, limit := range d.limits {
 		e.Shadow = e.Shadow || limit.Shadow

@@ -38,6 +38,9 @@ func (c *denyCache) deny(id string, d *decision) bool {
 		if s.shadow {
 			return false
 		}
+		if s.local {
+			continue // its lease admits it
+		}
 		e, ok := c.table.get(id, s.pos)
 		if !ok {
 			continue
@@ -73,8 +76,9 @@ func (c *denyCache) record(id string, d *decision) {
 		if allowed {
 			seen[0] += s.want(d.reqs[s.req].cost)
 		}
+		over := d.charge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
-			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed
+			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed || over
 		})
 	}
 }

@@ -43,3 +43,22 @@ func LeaseCount(l *Limiter) int {
 	defer l.leases.mu.Unlock()
 	return len(l.leases.entries)
 }
+
+// Public returns r without what it carries for Refund: the Result a model,
+// which cannot set it, would make.
+func Public(r Result) Result {
+	r.by, r.id, r.window, r.counted = 0, 0, 0, 0
+	return r
+}
+
+// PublicAll returns Public of each of rs, in a new slice.
+func PublicAll(rs []Result) []Result {
+	if rs == nil {
+		return nil
+	}
+	out := make([]Result, len(rs))
+	for i, r := range rs {
+		out[i] = Public(r)
+	}
+	return out
+}

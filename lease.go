@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -54,6 +55,20 @@ type lease struct {
 	seen  counts // the counts Redis reported with the last lease, before it
 	size  int64  // the lease to ask for next
 	sweep int64  // the sweep during which it was last used
+	// reset: Reset deleted the keys it was counted in. What is in flight
+	// from it is dropped, neither kept nor given back: a give-back could
+	// lower counts written after the Reset.
+	reset bool
+}
+
+// queue appends g to the give-backs waiting for the sweeper, unless
+// maxLeases already wait: then it is dropped, which under-uses the limit
+// and never over-admits. Called with t.mu held.
+func (t *leaseTable) queue(g pendingGive) {
+	if len(t.pending) < maxLeases {
+		t.pending = append(t.pending, g)
+	}
+	t.start()
 }
 
 // pendingGive is a give-back waiting for the sweeper: of id, at the key of a
@@ -105,31 +120,30 @@ func (e *lease) current(p position, rate int64) bool {
 // and needs one). It reports whether it did, with d's spans and replies
 // filled for derive; if not, it has changed nothing.
 func (t *leaseTable) serve(id string, d *decision, now int64, look bool) bool {
+	var at [maxLimits]position
 	for i := range d.limits {
 		if !d.limits[i].Leased {
 			return false
 		}
+		at[i] = locate(now, d.limits[i])
 	}
 	n := max(d.cost, 1)
-	if len(d.spans) != len(d.limits) {
-		d.spans = make([]span, len(d.limits))
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i, limit := range d.limits {
-		s := &d.spans[i]
-		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), leased: true, local: true}
-		e := t.entries[leaseKey{id, s.pos.w, s.pos.subs}]
-		if !e.current(s.pos, limit.Rate) || e.left < n {
+		if e := t.entries[leaseKey{id, at[i].w, at[i].subs}]; !e.current(at[i], limit.Rate) || e.left < n {
 			return false
 		}
 	}
-	for i := range d.spans {
+	if len(d.spans) != len(d.limits) {
+		d.spans = make([]span, len(d.limits))
+	}
+	for i, limit := range d.limits {
 		s := &d.spans[i]
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: at[i], leased: true, local: true, need: n}
 		e := t.entries[leaseKey{id, s.pos.w, s.pos.subs}]
 		s.seen = e.seen
 		s.seen[0] += e.used
-		s.need = n
 		e.sweep = t.sweeps
 		if !look {
 			s.held = n
@@ -165,9 +179,10 @@ func (t *leaseTable) take(id string, d *decision) []*request {
 		}
 		s.leased = true
 		e := t.entry(id, s.pos)
+		s.entry = e
 		if !e.current(s.pos, limit.Rate) {
 			if e.left > 0 && e.key != "" {
-				gives = append(gives, giveBack(e.key, e.left))
+				gives = append(gives, giveBack(e.left, e.key))
 				t.forgetDenial(id, s.pos)
 				if e.left > e.size/2 { // expired unused: ask for less
 					e.size = max(1, e.size/2)
@@ -218,7 +233,7 @@ func (t *leaseTable) take(id string, d *decision) []*request {
 			if s := &d.spans[i]; s.req == r && s.leased {
 				a := &req.limits[s.arg]
 				if s.local {
-					a.need, a.most = 0, 0 // decided here; read for its counts
+					a.need, a.most = 0, 0 // decided here, from its lease's counts
 				} else {
 					a.need, a.most = s.need, s.most
 				}
@@ -255,7 +270,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 func (t *leaseTable) drop(k leaseKey, e *lease) {
 	delete(t.entries, k)
 	if e.left > 0 && e.key != "" {
-		t.pending = append(t.pending, pendingGive{k.id, position{w: k.w, subs: k.subs}, giveBack(e.key, e.left)})
+		t.queue(pendingGive{k.id, position{w: k.w, subs: k.subs}, giveBack(e.left, e.key)})
 	}
 }
 
@@ -272,6 +287,9 @@ func (t *leaseTable) settle(id string, d *decision, ok bool) {
 		if !s.leased {
 			continue
 		}
+		if s.entry.reset {
+			continue // see lease.reset
+		}
 		k := leaseKey{id, s.pos.w, s.pos.subs}
 		e := t.entries[k]
 		allowed := ok && d.replies[s.req].allowed
@@ -286,8 +304,7 @@ func (t *leaseTable) settle(id string, d *decision, ok bool) {
 		extra := granted(s.need, s.most, s.rate, s.pos.estimate(&s.seen)) - s.need
 		if !e.current(s.pos, s.rate) {
 			if extra > 0 {
-				t.pending = append(t.pending, pendingGive{id, s.pos, giveBack(key, extra)})
-				t.start()
+				t.queue(pendingGive{id, s.pos, giveBack(extra, key)})
 			}
 			continue
 		}
@@ -309,10 +326,10 @@ func (t *leaseTable) restore(id string, e *lease, s *span, key string, units int
 	if e.current(s.pos, s.rate) {
 		e.left += units
 		e.used = max(0, e.used-units)
+		e.key = key // the entry may be new, and must give them back in time
 		return
 	}
-	t.pending = append(t.pending, pendingGive{id, s.pos, giveBack(key, units)})
-	t.start()
+	t.queue(pendingGive{id, s.pos, giveBack(units, key)})
 }
 
 // later leaves gives, the give-backs of a decision of id that sends nothing,
@@ -324,9 +341,8 @@ func (t *leaseTable) later(id string, gives []*request) {
 	}
 	t.mu.Lock()
 	for _, g := range gives {
-		t.pending = append(t.pending, pendingGive{id: id, req: g})
+		t.queue(pendingGive{id: id, req: g})
 	}
-	t.start()
 	t.mu.Unlock()
 }
 
@@ -348,12 +364,21 @@ func (t *leaseTable) forgetDenial(id string, p position) {
 	}
 }
 
-// forget drops the lease of id at p without giving anything back: Reset
-// deleted what it was counted in.
-func (t *leaseTable) forget(id string, p position) {
+// forget drops the lease of id at p, and the give-backs waiting for keys,
+// without giving anything back: Reset deleted keys, which they were counted
+// in. What a decision has in flight from the lease is dropped too (see
+// lease.reset).
+func (t *leaseTable) forget(id string, p position, keys []string) {
 	t.mu.Lock()
-	delete(t.entries, leaseKey{id, p.w, p.subs})
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	k := leaseKey{id, p.w, p.subs}
+	if e := t.entries[k]; e != nil {
+		e.reset = true
+		delete(t.entries, k)
+	}
+	t.pending = slices.DeleteFunc(t.pending, func(g pendingGive) bool {
+		return g.id == id && slices.Contains(keys, g.req.keys[0])
+	})
 }
 
 // start starts the sweeper if it is not running. Called with t.mu held.

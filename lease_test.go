@@ -25,7 +25,7 @@ type admit struct {
 
 // neverOver runs servers Limiters (as many servers) on e, each with
 // goroutines goroutines deciding requests of one hot id against limit on
-// e's clock, which moves in steps of 1 to 40 ms between rounds of
+// e's clock, which moves in steps of 1 to 40 thousandths of its window between rounds of
 // decisions (every decision of a round sees one time), for spanning
 // windows of limit. It returns what was admitted, and how many of the
 // decisions came from leases.
@@ -48,8 +48,12 @@ func neverOver(t *testing.T, e env, limit ratelimit.Limit, servers, goroutines, 
 	)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	ctx := context.Background()
+	// Steps of 1 to 40 thousandths of the window: a real server expires
+	// keys in real time, two windows after they were written, and a
+	// window of a minute outlasts the run however slow the machine.
+	step := limit.Window / 1000
 	for range rounds {
-		now := e.clock.Add(time.Duration(1+rng.IntN(40)) * time.Millisecond).UnixMilli()
+		now := e.clock.Add(time.Duration(1+rng.IntN(40)) * step).UnixMilli()
 		var wg sync.WaitGroup
 		for s, l := range limiters {
 			for g := range goroutines {
@@ -132,10 +136,10 @@ func runNeverOver(t *testing.T, mk newEnv) {
 		limit ratelimit.Limit
 		opts  []ratelimit.Option
 	}{
-		{"Sliding", ratelimit.Limit{Rate: 600, Window: time.Second, Leased: true}, nil},
-		{"Strict", ratelimit.Limit{Rate: 600, Window: time.Second, Strict: true, Leased: true}, nil},
-		{"DenyCache", ratelimit.Limit{Rate: 600, Window: time.Second, Leased: true}, []ratelimit.Option{ratelimit.WithDenyCache(100)}},
-		{"SlidingUnleased", ratelimit.Limit{Rate: 600, Window: time.Second}, nil},
+		{"Sliding", ratelimit.Limit{Rate: 600, Window: time.Minute, Leased: true}, nil},
+		{"Strict", ratelimit.Limit{Rate: 600, Window: time.Minute, Strict: true, Leased: true}, nil},
+		{"DenyCache", ratelimit.Limit{Rate: 600, Window: time.Minute, Leased: true}, []ratelimit.Option{ratelimit.WithDenyCache(100)}},
+		{"SlidingUnleased", ratelimit.Limit{Rate: 600, Window: time.Minute}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := mk(t)
@@ -152,7 +156,7 @@ func runNeverOver(t *testing.T, mk newEnv) {
 				require.NoError(t, overSliding(adm, c.limit))
 			}
 			// Demand was far above the rate (about 16 × 2.5 × 2 units a round
-			// of ~20 ms), so the limit must have been filled, not merely
+			// of ~W/50), so the limit must have been filled, not merely
 			// left alone: at least half the rate over each of the windows.
 			windows := (adm[len(adm)-1].at - adm[0].at) / c.limit.Window.Milliseconds()
 			require.Greater(t, total, windows*c.limit.Rate/2)
@@ -392,6 +396,66 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 			}
 		}
 		require.Equal(t, 3, shadowed)
+	})
+
+	t.Run("OneLeasedLimitInAllowAll", func(t *testing.T) {
+		e := mk(t)
+		l := leasing(t, e)
+		for i := range 5 {
+			rs, err := l.AllowAll(ctx, "hot", []ratelimit.Limit{leased}, 1)
+			require.NoError(t, err)
+			require.True(t, rs[0].Allowed)
+			require.Equal(t, int64(i+1), rs[0].Count)
+			rs, err = l.PeekAll(ctx, "hot", []ratelimit.Limit{leased})
+			require.NoError(t, err)
+			require.True(t, rs[0].Allowed)
+		}
+	})
+
+	t.Run("MixedCountIsTheLeases", func(t *testing.T) {
+		e := mk(t)
+		l := leasing(t, e)
+		plan := []ratelimit.Limit{leased, {Rate: 1 << 20, Window: time.Second}}
+		for i := range 41 {
+			rs, err := l.AllowAll(ctx, "hot", plan, 1)
+			require.NoError(t, err)
+			require.True(t, rs[0].Allowed)
+			// One process alone: the count as of its last lease and its
+			// use since is all that was admitted.
+			require.Equal(t, int64(i+1), rs[0].Count, "decision %d", i)
+		}
+	})
+
+	t.Run("CostAboveRateNeverPasses", func(t *testing.T) {
+		e := mk(t)
+		l := leasing(t, e)
+		for range 10 {
+			_, err := l.Allow(ctx, "hot", leased)
+			require.NoError(t, err)
+		}
+		r, err := l.AllowN(ctx, "hot", leased, leased.Rate+1)
+		require.NoError(t, err)
+		require.False(t, r.Allowed)
+		require.Equal(t, ratelimit.InfDuration, r.RetryAfter)
+	})
+
+	t.Run("ResetDropsWaitingGiveBacks", func(t *testing.T) {
+		e := mk(t)
+		l := leasing(t, e)
+		ratelimit.SetMaxLeases(l, 1)
+		for range 2 { // leases of 1, then 2: one unit left
+			_, err := l.Allow(ctx, "a", leased)
+			require.NoError(t, err)
+		}
+		_, err := l.Allow(ctx, "b", leased) // evicts a's lease: its unit waits to go back
+		require.NoError(t, err)
+		require.NoError(t, l.Reset(ctx, "a", leased))
+		_, err = l.Allow(ctx, "a", leased)
+		require.NoError(t, err)
+		ratelimit.SweepLeases(l)
+		n, err := e.client.Get(ctx, e.key("a", time.Minute, e.windowIndex(time.Minute))).Int64()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "a give-back of what Reset deleted lowered the new count")
 	})
 
 	t.Run("HeldLeaseServesWhileRedisIsDown", func(t *testing.T) {

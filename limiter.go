@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -75,9 +76,15 @@ type Result struct {
 	// the limits that denied a decision (all of them when the failure policy
 	// denied it); for a Limit with Shadow set, when that limit alone would
 	// have denied it. Count, RetryAfter and ResetAfter are those of the
-	// denial. A request some Result of which is Shadowed would have been
+	// denied. A request some Result of which is Shadowed would have been
 	// denied.
 	Shadowed bool
+
+	// What Refund needs: the Limiter that made it and a hash of the id (to
+	// refuse a Result of another), and what this limit counted (0 for
+	// nothing) in which window (for a strict limit, sub-window) index.
+	by, id          uint64
+	window, counted int64
 }
 
 // Binding returns the Result that decided: when denied, the one with the
@@ -131,6 +138,7 @@ func better(r, b Result) bool {
 // (Limit.Leased), one gives back what goes unused, and ends about a second
 // after the last leased decision.
 type Limiter struct {
+	serial      uint64 // tells its Results from another Limiter's, for Refund
 	keyPrefix   string // the prefix, escaped, then ":{"
 	now         func() time.Time
 	policy      FailurePolicy
@@ -146,6 +154,9 @@ type Limiter struct {
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
 }
+
+// limiters numbers the Limiters of the process.
+var limiters atomic.Uint64
 
 // New returns a Limiter that keeps its counts in client. Any
 // redis.UniversalClient works: a *redis.Client, a *redis.ClusterClient (all
@@ -169,6 +180,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		}
 	}
 	l := &Limiter{
+		serial:     limiters.Add(1),
 		keyPrefix:  keyPrefixFor(cfg.prefix),
 		now:        cfg.now,
 		policy:     cfg.policy,
@@ -268,7 +280,9 @@ func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Res
 
 // Reset forgets id's usage of limit: it deletes the keys of its current and
 // previous windows (every sub-window, for a strict limit), and drops any
-// lease this process holds of them (Limit.Leased) without giving it back. The error is
+// lease this process holds of them (Limit.Leased) without giving it back;
+// other processes' leases serve on until their window ends (see
+// docs/leases.md). The error is
 // non-nil for invalid input, when ctx is done, and when Redis fails; the
 // failure policy does not apply.
 func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
@@ -283,7 +297,7 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	if l.denied != nil {
 		l.denied.forget(id, pos)
 	}
-	l.leases.forget(id, pos)
+	l.leases.forget(id, pos, keys)
 	if err != nil {
 		return wrap("ratelimit: reset", err)
 	}

@@ -116,7 +116,7 @@ func testLimitReached(t *testing.T, e env) {
 		// The n requests weigh floor(n × m/1000) in the next window with m
 		// ms left in it: 0 once m <= 999/n.
 		reset := 2*time.Second - time.Duration(999/n)*time.Millisecond
-		require.Equal(t, ratelimit.Result{Allowed: true, Count: n, Limit: limit, Remaining: 5 - n, ResetAfter: reset}, res)
+		require.Equal(t, ratelimit.Result{Allowed: true, Count: n, Limit: limit, Remaining: 5 - n, ResetAfter: reset}, ratelimit.Public(res))
 	}
 	res, err := l.Allow(ctx, "user", limit)
 	require.NoError(t, err)

@@ -61,10 +61,40 @@ type Event struct {
 	// decisions of the deny cache or of an open circuit breaker.
 	Duration time.Duration
 	// Err is the Redis error the failure policy decided on; nil when Redis
-	// decided.
+	// decided. For a charge or a refund, the error it returned.
 	Err error
+	// Kind says whether the Event is of a decision, a Charge or a Refund. A
+	// refund's Results are those it was given, and its Cost what it gave
+	// back.
+	Kind EventKind
 
 	results []Result // Results' storage, reused
+}
+
+// EventKind says what an Event is of.
+type EventKind uint8
+
+const (
+	// EventDecision is of a decision or a look: Allow, AllowN, AllowAll,
+	// Peek, PeekAll, and each try of Wait.
+	EventDecision EventKind = iota
+	// EventCharge is of a Charge.
+	EventCharge
+	// EventRefund is of a Refund.
+	EventRefund
+)
+
+// String returns "decision", "charge" or "refund".
+func (k EventKind) String() string {
+	switch k {
+	case EventDecision:
+		return "decision"
+	case EventCharge:
+		return "charge"
+	case EventRefund:
+		return "refund"
+	}
+	return "unknown"
 }
 
 // Observer sees every decision a Limiter makes, on the caller's goroutine,

@@ -70,6 +70,7 @@ const (
 	modeCount       = 0 // an allowed request is counted
 	modeCountDenied = 1 // a denied one too, up to each limit's rate (WithCountDenied)
 	modeLease       = 2 // each limit counts what it leases: see limitArgs
+	modeCharge      = 3 // every limit counts the cost, whatever its counts (Charge)
 )
 
 // limitArgs are one limit's arguments to the script: see
@@ -89,10 +90,14 @@ func granted(need, most, rate, usage int64) int64 {
 	return min(most, max(need, (rate-usage)/2))
 }
 
-// giveBack returns a request that lowers key by n, never below 0, and
-// creates nothing: see sliding_window.lua.
-func giveBack(key string, n int64) *request {
-	return &request{cost: -n, nlimits: 1, keys: []string{key}, limits: []limitArgs{{weight: 1}}}
+// giveBack returns a request that lowers each of keys by n, never below 0,
+// and creates nothing: see sliding_window.lua.
+func giveBack(n int64, keys ...string) *request {
+	r := &request{cost: -n, nlimits: int64(len(keys)), keys: keys, limits: make([]limitArgs, len(keys))}
+	for i := range r.limits {
+		r.limits[i].weight = 1
+	}
+	return r
 }
 
 // newLimitArgs returns the script's arguments for limit placed at p.
@@ -303,8 +308,11 @@ func decodeReply(vals []int64, reqs []*request, out []reply) error {
 			// The script allows only what fits; a reply that says
 			// otherwise was not written by it.
 			need := r.cost
-			if r.mode == modeLease {
+			switch r.mode {
+			case modeLease:
 				need = a.need
+			case modeCharge:
+				need = 0 // a charge fits whatever the counts
 			}
 			if rep.err == nil && rep.allowed && need > 0 && a.estimate(c[:n]) > a.rate-need {
 				rep.err = fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, c[:n], a.rate)

@@ -45,7 +45,8 @@
 --     each request sees the counts the ones before it wrote.
 --   Per request: its cost (0 looks without counting; below 0 gives back,
 --     see below), its number of limits, and its mode: 0, or 1 if a denied
---     request is counted too, or 2 if it takes leases.
+--     request is counted too, 2 if it takes leases, or 3 for a charge, which
+--     every limit counts whatever its counts.
 --   Per limit of the request: its rate, then two numbers that say how to
 --     weigh its keys, then the TTL in ms of a key it creates:
 --       sliding: the ms left in the current window and the window in ms;
@@ -180,7 +181,7 @@ for _ = 1, num(argv[1]) do
   local cost = num(argv[arg])
   local limits = num(argv[arg + 1])
   local mode = argv[arg + 2]
-  local count_denied, leased = mode == '1', mode == '2'
+  local count_denied, leased, charge = mode == '1', mode == '2', mode == '3'
   local stride = leased and 6 or 4
   nreply = nreply + 1
   local flag = nreply
@@ -190,7 +191,8 @@ for _ = 1, num(argv[1]) do
   local bad, never = false, false
   for _ = 1, limits do
     local rate, weight, window = num(argv[a]), num(argv[a + 1]), num(argv[a + 2])
-    local need = leased and num(argv[a + 4]) or cost
+    local need = cost
+    if leased then need = num(argv[a + 4]) elseif charge then need = 0 end
     local nk = window > 0 and 2 or weight
     local usage, c = 0, 0
     for j = k, k + nk - 1 do

@@ -561,10 +561,10 @@ func TestFromContext(t *testing.T) {
 	h := httplimit.Middleware(e.limiter, ratelimit.PerMinute(10))(next)
 	serve(h, request("203.0.113.7:1"))
 	require.True(t, ok)
-	require.Equal(t, ratelimit.Result{
+	require.Equal(t, public(ratelimit.Result{
 		Allowed: true, Count: 1, Limit: ratelimit.PerMinute(10), Remaining: 9,
 		ResetAfter: 60001 * time.Millisecond,
-	}, got)
+	}), public(got))
 	_, ok = httplimit.FromContext(context.Background())
 	require.False(t, ok)
 }

@@ -1,0 +1,170 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"time"
+)
+
+// Charge counts n against every limit for id, whatever the counts are: the cost of work already
+// done. It denies nothing: Count may go above Rate, and later requests are denied until the
+// window has slid past it. results[i] is limits[i]'s: Allowed says whether a request of cost 1
+// would pass now; Count, Remaining, RetryAfter (the wait until a cost-1 request passes) and
+// ResetAfter describe the counts after the charge. Shadow limits are charged too.
+//
+// Allowed is one answer for every Result, as AllowAll's is: whether a cost-1
+// request would pass every limit but the Shadow ones, whose Shadowed says
+// whether it would pass that one. A Leased limit is charged in Redis, not
+// from its lease. It is one script call, whatever the number of limits,
+// validated as AllowAll is. A charge that cannot reach Redis is reported to
+// the error handler and returns the error, whatever the failure policy; like
+// a decision it is never sent twice, so a charge that timed out may or may
+// not have been counted. The Results of a Charge can be refunded.
+func (l *Limiter) Charge(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
+	d := &decision{limits: limits, charge: true}
+	err := l.decide(ctx, d, id, n, false)
+	return d.results, err
+}
+
+// deriveCharge fills the Results of d, a charge, from the counts the script
+// saw before it: see Charge.
+func (d *decision) deriveCharge() {
+	d.allowed, d.refused = true, 0
+	for i := range d.spans {
+		s := &d.spans[i]
+		c := s.seen
+		c[0] += d.cost
+		count := s.pos.estimate(&c)
+		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
+			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
+			window: s.pos.i, counted: d.cost}
+		if count+1 > s.rate {
+			d.refused |= 1 << s.at
+			if s.shadow {
+				res.Shadowed = true
+			} else {
+				d.allowed = false
+			}
+		}
+		d.results[s.at] = res
+	}
+	for i := range d.results {
+		d.results[i].Allowed = d.allowed
+	}
+}
+
+// Refund gives back n of what the decision that returned results counted for id: for each limit,
+// in the window (for a strict limit, the sub-window) where it was counted, never below 0; once that
+// window has slid out of the limit's span, there is nothing left to give back and Refund does
+// nothing for it. A refund of a decision that counted nothing (denied, a Peek, a Degraded
+// decision, a Result not made by this Limiter) or of more than it counted is an error
+// (ErrInvalidCost), and nothing is written.
+//
+// A sliding window is read by decisions until the end of the next one, so a
+// refund applies until then; a strict sub-window is read for
+// StrictSubWindows sub-windows after its own. Refund does not remember
+// earlier refunds of the same Results: refund a decision once, or in parts
+// that add up to no more than it counted. The Results of a Shadow limit
+// that did not count the request are passed over; so are those counted in
+// this process's failure policy. A refund is one script call; one that
+// cannot reach Redis is reported to the error handler and returns the
+// error, and is never sent twice. The deny cache forgets id.
+func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int64) error {
+	d, err := l.refund(id, results, n)
+	if err != nil || d == nil {
+		return err
+	}
+	return l.send(ctx, d, id)
+}
+
+// refund checks a refund and returns it as a decision of one give-back
+// request, or nil when every limit's window has slid out of its span.
+func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error) {
+	if l.t == nil {
+		return nil, ErrNilClient
+	}
+	if id == "" {
+		return nil, fmt.Errorf("%w: id is empty", ErrInvalidID)
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
+	}
+	counted := false
+	for _, r := range results {
+		if r.counted == 0 {
+			continue
+		}
+		if r.by != l.serial || r.id != idHash(id) {
+			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, r.Limit)
+		}
+		if n > r.counted {
+			return nil, fmt.Errorf("%w: refund %d is more than the %d limit %v counted", ErrInvalidCost, n, r.counted, r.Limit)
+		}
+		counted = true
+	}
+	if !counted {
+		return nil, fmt.Errorf("%w: the decision counted nothing to refund (denied, a look, degraded, or not this Limiter's)", ErrInvalidCost)
+	}
+	now := l.now().UnixMilli()
+	d := &decision{cost: -n, refund: true}
+	var keys []string
+	for _, r := range results {
+		if r.counted == 0 {
+			continue
+		}
+		p := locate(now, r.Limit)
+		if p.i > r.window+max(1, p.subs) { // slid out of the span: nothing to give back
+			continue
+		}
+		p.e, p.i = 0, r.window
+		keys = append(keys, l.appendKeys(nil, id, p)[0])
+		d.limits = append(d.limits, r.Limit)
+		d.spans = append(d.spans, span{at: len(d.spans), pos: p})
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	d.results = results
+	d.reqs = []*request{giveBack(n, keys...)}
+	d.replies = make([]reply, 1)
+	return d, nil
+}
+
+// send sends d, a refund's give-back, and reports what fails.
+func (l *Limiter) send(ctx context.Context, d *decision, id string) error {
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
+	err := l.t.do(ctx, d.reqs, d.replies)
+	if err == nil {
+		err = d.replies[0].err
+	}
+	if l.denied != nil {
+		for i := range d.spans {
+			l.denied.forget(id, d.spans[i].pos)
+		}
+	}
+	var took time.Duration
+	if l.observer != nil {
+		took = time.Since(start)
+	}
+	if err != nil && !expired(ctx) {
+		l.onError(ctx, id, err)
+	}
+	if l.observer != nil {
+		l.observe(ctx, d, id, SourceRedis, took, err, err == nil)
+	}
+	if err != nil {
+		if expired(ctx) {
+			return ctx.Err()
+		}
+		return wrap("ratelimit: refund", err)
+	}
+	return nil
+}
+
+// idHash hashes an id for a Result, so that Refund can tell a Result made
+// for another id.
+func idHash(id string) uint64 { return maphash.String(keySeed, id) }
