@@ -29,6 +29,8 @@
 #                     downloads its dependencies) [0]
 #   REDIS_SERVER      the redis-server binary [redis-server]
 #   RESULTS           if set, the raw JSON lines are copied there
+#   COMMIT            the commit the report names [git rev-parse --short HEAD,
+#                     "with uncommitted changes" if the work tree differs]
 #
 # Each (round, scenario, mode) is one process of cmd/bench (bench hot),
 # interleaved, the modes' order reversed every other round; the server is
@@ -132,7 +134,11 @@ done
 echo "## One hot id: leased against unleased"
 echo
 echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-echo "- $(go version | sed 's/^go version //'), $("$REDIS_SERVER" --version | sed 's/ sha=.*//'); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [ -z "${COMMIT:-}" ]; then
+	COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+	git diff --quiet HEAD -- .. 2>/dev/null || COMMIT="$COMMIT with uncommitted changes"
+fi
+echo "- $(go version | sed 's/^go version //'), $("$REDIS_SERVER" --version | sed 's/ sha=.*//'); commit $COMMIT"
 echo "- Redis and the bench share the machine; no pinning. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "- $SERVERS Limiters (each ratelimit.New on a go-redis client of its own, ContextTimeoutEnabled; WithTimeout(3s) and an Observer)" \
 	"× $CONCURRENCY goroutines each, one id, in one process; $ROUNDS round(s), modes interleaved (reversed every other round)," \

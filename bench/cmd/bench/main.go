@@ -235,7 +235,7 @@ func hot(args []string) error {
 	stats := redis.NewClient(&redis.Options{Addr: *addr})
 	defer stats.Close()
 	if err := stats.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("Redis at %s: %w", *addr, err)
+		return fmt.Errorf("hot: Redis at %s: %w", *addr, err)
 	}
 	if *flush {
 		if err := stats.FlushAll(ctx).Err(); err != nil {
