@@ -115,7 +115,7 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 		return nil, err
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := in.decide(ctx, info.FullMethod)
+		md, d, err := in.decide(ctx, info.FullMethod)
 		if md != nil {
 			// It fails only when the call has no stream or its header is
 			// already sent; neither is so before the handler runs.
@@ -124,7 +124,13 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if d == nil {
+			return handler(ctx, req)
+		}
+		ctx = context.WithValue(ctx, decidedKey{}, d)
+		resp, err := handler(ctx, req)
+		in.settle(ctx, info.FullMethod, d, err)
+		return resp, err
 	}, nil
 }
 
@@ -136,15 +142,67 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 		return nil, err
 	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, err := in.decide(ss.Context(), info.FullMethod)
+		md, d, err := in.decide(ss.Context(), info.FullMethod)
 		if md != nil {
 			_ = ss.SetHeader(md)
 		}
 		if err != nil {
 			return err
 		}
-		return handler(srv, ss)
+		if d == nil {
+			return handler(srv, ss)
+		}
+		ws := &decidedStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), decidedKey{}, d)}
+		err = handler(srv, ws)
+		in.settle(ws.ctx, info.FullMethod, d, err)
+		return err
 	}, nil
+}
+
+// decided is what a call's context carries of its decision, for Charge and
+// WithCountIf.
+type decided struct {
+	limiter *ratelimit.Limiter
+	id      string
+	limits  []ratelimit.Limit
+	results []ratelimit.Result
+	cost    int64
+}
+
+type decidedKey struct{}
+
+// decidedStream is a stream whose context carries its decision.
+type decidedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *decidedStream) Context() context.Context { return s.ctx }
+
+// settle refunds a call that WithCountIf says should not count, once its
+// handler has returned err. The caller may have left: the refund is owed
+// all the same, within the Limiter's timeout. A call that counted nothing
+// (shadow mode let a denial through, the failure policy decided) has
+// nothing to refund, and Refund says so: no failure to report.
+func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, err error) {
+	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, status.Code(err)) {
+		return
+	}
+	_ = d.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)
+}
+
+// Charge charges the caller of the call whose context ctx is (a handler's,
+// or one derived from it), under the limits the interceptor decided the
+// call against, n more: for a handler that learns its cost while it works.
+// It returns an error when the call did not pass through the interceptor,
+// and the Limiter's Charge errors otherwise; it denies nothing.
+func Charge(ctx context.Context, n int64) error {
+	d, ok := ctx.Value(decidedKey{}).(*decided)
+	if !ok {
+		return errors.New("grpclimit: Charge: the call did not pass through the interceptor")
+	}
+	_, err := d.limiter.Charge(ctx, d.id, d.limits, n)
+	return err
 }
 
 // errMisconfigured answers every call of an interceptor whose configuration
@@ -224,12 +282,13 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 }
 
 // decide decides one call and returns the header metadata to send, if
-// any, and the status error to fail the call with, or nil to let it go on.
-func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, error) {
+// any, the decision of a call let through (nil for a method not limited),
+// and the status error to fail the call with, or nil to let it go on.
+func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, *decided, error) {
 	set := in.base
 	if s, ok := in.methods[fullMethod]; ok {
 		if s == nil {
-			return nil, nil
+			return nil, nil, nil
 		}
 		set = s
 	}
@@ -244,16 +303,17 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 		if len(set.enforced) > 0 && len(results) > 0 && results[0].Degraded {
 			md = headerMD(set, results, ratelimit.Binding(results))
 		}
-		return md, in.errorStatus(ctx, fullMethod, err)
+		return md, nil, in.errorStatus(ctx, fullMethod, err)
 	}
 	bind := ratelimit.Binding(results)
-	if bind.Allowed {
-		if len(set.enforced) == 0 || shadowedThrough(set, results) {
-			return nil, nil
-		}
-		return headerMD(set, results, bind), nil
+	if !bind.Allowed {
+		return headerMD(set, results, bind), nil, denied(bind)
 	}
-	return headerMD(set, results, bind), denied(bind)
+	d := &decided{limiter: in.limiter, id: id, limits: set.limits, results: results, cost: cost}
+	if len(set.enforced) == 0 || shadowedThrough(set, results) {
+		return nil, d, nil
+	}
+	return headerMD(set, results, bind), d, nil
 }
 
 // shadowedThrough reports a decision that ratelimit.WithShadow let

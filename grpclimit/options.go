@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/slidingwindow/ratelimit"
 )
 
@@ -33,7 +35,21 @@ type config struct {
 	v6Bits  int            // 0: 64
 	methods map[string][]ratelimit.Limit
 	cost    func(ctx context.Context, fullMethod string) int64
+	countIf func(ctx context.Context, fullMethod string, code codes.Code) bool
 	errs    []error // what the options found wrong; NewUnary reports them
+}
+
+// WithCountIf counts a call only if fn, given the status code its handler
+// returned with, says so: the call is decided before the handler as
+// always, and refunded after it when it should not count (a login method
+// that counts only codes.Unauthenticated; an API that does not count
+// codes.Internal or codes.Unavailable). A denied call is never refunded.
+// The refund gives back the cost the call was decided at, not what Charge
+// added since; it goes through the Limiter's Refund, whose failures reach
+// the Limiter's error handler. For a stream, the code is the one its
+// handler returned with, when the stream ends.
+func WithCountIf(fn func(ctx context.Context, fullMethod string, code codes.Code) bool) Option {
+	return optionFunc(func(c *config) { c.countIf = fn })
 }
 
 // WithKeyFunc counts calls by the identity fn returns, for authenticated

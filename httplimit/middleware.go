@@ -154,10 +154,31 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	}, nil
 }
 
-// decided is what the middleware stores in a request's context.
+// decided is what the middleware stores in a request's context: the
+// decision, and what Charge needs to charge the same client under the same
+// plan.
 type decided struct {
 	results []ratelimit.Result
 	binding ratelimit.Result
+	limiter *ratelimit.Limiter
+	id      string
+	limits  []ratelimit.Limit
+}
+
+// Charge charges the client of r, under the plan the middleware decided r against,
+// n more: for a handler that learns its cost while it works (tokens, rows). It returns an error
+// when r did not pass through the middleware.
+//
+// It is the Limiter's Charge: it denies nothing, and returns the Limiter's
+// errors (invalid n, Redis failures). The decision's Results, which
+// FromContext returns, and the headers already written do not change.
+func Charge(r *http.Request, n int64) error {
+	d, ok := r.Context().Value(resultKey{}).(*decided)
+	if !ok || d.limiter == nil {
+		return errors.New("httplimit: Charge: the request did not pass through the middleware")
+	}
+	_, err := d.limiter.Charge(r.Context(), d.id, d.limits, n)
+	return err
 }
 
 type resultKey struct{}
@@ -217,16 +238,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	pl, err := m.planFor(r)
 	var results []ratelimit.Result
+	var id string
+	cost := int64(1)
 	if err == nil {
-		cost := int64(1)
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		results, err = m.limiter.AllowAll(r.Context(), c.identity(r), pl.limits, cost)
+		id = c.identity(r)
+		results, err = m.limiter.AllowAll(r.Context(), id, pl.limits, cost)
 	} else {
 		results = errPlanResults(pl)
 	}
 	d := &decided{results: results, binding: ratelimit.Binding(results)}
+	if err == nil {
+		d.limiter, d.id, d.limits = m.limiter, id, pl.limits
+	}
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
 		if d.binding.Degraded {
@@ -247,8 +273,56 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		c.denied.ServeHTTP(w, r)
 		return
 	}
-	next.ServeHTTP(w, r)
+	if c.countIf == nil {
+		next.ServeHTTP(w, r)
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	next.ServeHTTP(sw, r)
+	if sw.status == 0 {
+		sw.status = http.StatusOK
+	}
+	if !c.countIf(r, sw.status) {
+		// Nothing to give back when nothing was counted (shadow mode let a
+		// denial through, or the failure policy decided): Refund says so,
+		// and that is no failure to report. The client may have left: the
+		// refund is owed all the same, within the Limiter's timeout.
+		_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
+	}
 }
+
+// statusWriter records the status a handler answers with, for WithCountIf.
+type statusWriter struct {
+	http.ResponseWriter
+	status int // 0 until a final status is written
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 { // 1xx are not the final status
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes the response, when the ResponseWriter it wraps can.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		if w.status == 0 {
+			w.status = http.StatusOK
+		}
+		f.Flush()
+	}
+}
+
+// Unwrap returns the ResponseWriter it wraps, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // reportShadowed calls the shadow handler for each denial shadow mode let
 // through (see WithShadowHandler).

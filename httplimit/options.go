@@ -56,6 +56,7 @@ type config struct {
 	extra    []ratelimit.Limit // WithLimits
 	onShadow func(*http.Request, ratelimit.Result)
 	cost     func(*http.Request) int64
+	countIf  func(*http.Request, int) bool
 	skip     func(*http.Request) bool
 	allow    []netip.Prefix
 	headers  HeaderSet
@@ -244,6 +245,20 @@ func WithShadowHandler(fn func(r *http.Request, res ratelimit.Result)) Option {
 // time to retry at: no Retry-After, X-RateLimit-Reset or RateLimit t.
 func WithCost(fn func(r *http.Request) int64) Option {
 	return optionFunc(func(c *config) { c.cost = fn })
+}
+
+// WithCountIf counts a request only if fn, given its response's status, says so: the
+// request is decided before the handler as always, and refunded after it when it should not
+// count (a login endpoint that counts only 401s; an API that does not count 5xx). A denied
+// request (429) is never refunded.
+//
+// The status is the one the handler wrote (200 if it wrote none). The
+// refund gives back the cost the request was decided at, not what Charge
+// added since; it goes through the Limiter's Refund, whose failures reach
+// the Limiter's error handler. The response's rate-limit headers describe
+// the decision, as they were written before the handler ran.
+func WithCountIf(fn func(r *http.Request, status int) bool) Option {
+	return optionFunc(func(c *config) { c.countIf = fn })
 }
 
 // WithSkip lets the requests for which fn is true through uncounted and

@@ -1,0 +1,79 @@
+package grpclimit_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/grpclimit"
+)
+
+// unaryOf returns the interceptor of limit with opts on a Limiter of its
+// own, and a context of a call from one peer.
+func unaryOf(t *testing.T, limit ratelimit.Limit, opts ...grpclimit.Option) (grpc.UnaryServerInterceptor, context.Context, *fakeClock) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	clk := newFakeClock(start)
+	l := ratelimit.New(rdb, ratelimit.WithClock(clk.Now), ratelimit.WithTimeout(time.Minute))
+	in, err := grpclimit.NewUnary(l, limit, opts...)
+	require.NoError(t, err)
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 7), Port: 1}})
+	return in, ctx, clk
+}
+
+// A login method that counts failed attempts only: 5 failures a minute,
+// successes never count, and a 6th failure is denied.
+func TestCountIfLogin(t *testing.T) {
+	in, ctx, clk := unaryOf(t, ratelimit.PerMinute(5),
+		grpclimit.WithCountIf(func(_ context.Context, _ string, code codes.Code) bool { return code == codes.Unauthenticated }))
+	info := &grpc.UnaryServerInfo{FullMethod: "/auth.Auth/Login"}
+	login := func(right bool) codes.Code {
+		_, err := in(ctx, nil, info, func(context.Context, any) (any, error) {
+			if !right {
+				return nil, status.Error(codes.Unauthenticated, "wrong password")
+			}
+			return "welcome", nil
+		})
+		return status.Code(err)
+	}
+	for i := range 20 {
+		require.Equal(t, codes.OK, login(true), "success %d never counts", i)
+	}
+	for i := range 5 {
+		require.Equal(t, codes.Unauthenticated, login(false), "failure %d", i)
+	}
+	require.Equal(t, codes.ResourceExhausted, login(false), "the 6th failure")
+	clk.Add(2 * time.Minute)
+	require.Equal(t, codes.OK, login(true))
+}
+
+// Charge adds to the caller's counts what its handler learns the call
+// costs; outside a call that passed the interceptor it is an error.
+func TestCharge(t *testing.T) {
+	in, ctx, _ := unaryOf(t, ratelimit.PerMinute(10))
+	info := &grpc.UnaryServerInfo{FullMethod: "/test.Echo/A"}
+	var chargeErr error
+	work := func(ctx context.Context, _ any) (any, error) {
+		chargeErr = grpclimit.Charge(ctx, 4)
+		return nil, nil
+	}
+	for range 2 {
+		_, err := in(ctx, nil, info, work)
+		require.NoError(t, err)
+		require.NoError(t, chargeErr)
+	}
+	_, err := in(ctx, nil, info, work)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "10 counted: 5 a call")
+	require.Error(t, grpclimit.Charge(context.Background(), 1))
+}
