@@ -24,6 +24,17 @@ type model struct {
 	shadow, countDenied bool
 	// What the model decided, for a trace to show it crossed every path.
 	tally tally
+	// last is, per id, what its last decision or charge that counted
+	// anything counted, for a refund; seq numbers them.
+	last map[string]counted
+	seq  int
+}
+
+// counted is what one decision counted: cost n in each of keys.
+type counted struct {
+	keys []windowKey
+	n    int64
+	seq  int
 }
 
 // windowKey names one count: id's count in window index of a sliding limit
@@ -46,9 +57,76 @@ type tally struct {
 	shadowed int
 	// multi: decisions of AllowAll and PeekAll with several limits.
 	multi int
+	// charges and refunds, and refunds that gave back in a window the
+	// decision had left (the next one, or a later sub-window).
+	charges, refunds, lateRefunds int
 }
 
-func newModel() *model { return &model{counts: map[windowKey]int64{}} }
+func newModel() *model { return &model{counts: map[windowKey]int64{}, last: map[string]counted{}} }
+
+// record keeps what a decision of id counted, if anything, for a refund.
+func (m *model) record(id string, keys []windowKey, n int64) {
+	if len(keys) > 0 {
+		m.seq++
+		m.last[id] = counted{keys: keys, n: n, seq: m.seq}
+	}
+}
+
+// charge counts n for id under every limit, whatever the counts, and
+// derives each Result from the counts after it: Allowed is whether a cost-1
+// request would pass every enforced limit, RetryAfter each limit's wait
+// until it admits a cost of 1.
+func (m *model) charge(id string, limits []ratelimit.Limit, t, n int64) []ratelimit.Result {
+	var keys []windowKey
+	for _, limit := range limits {
+		k := current(id, limit, t)
+		m.counts[k] += n
+		keys = append(keys, k)
+	}
+	m.record(id, keys, n)
+	m.tally.charges++
+	res := make([]ratelimit.Result, len(limits))
+	fits := make([]bool, len(limits))
+	allowed := true
+	for i, limit := range limits {
+		est := m.estimate(id, limit, t)
+		fits[i] = est+1 <= limit.Rate
+		if !limit.Shadow && !fits[i] {
+			allowed = false
+		}
+		res[i] = ratelimit.Result{Count: est, Limit: limit, Remaining: max(0, limit.Rate-est),
+			RetryAfter: m.waitFor(id, limit, t, limit.Rate-1), ResetAfter: m.waitFor(id, limit, t, 0),
+			Shadowed: limit.Shadow && !fits[i]}
+	}
+	for i := range res {
+		res[i].Allowed = allowed
+	}
+	return m.finish(res, allowed, fits)
+}
+
+// refund gives back n of id's last counting decision, once: in each window
+// (sub-window) it counted in, while the limit still reads it, never below 0.
+func (m *model) refund(id string, t, n int64) {
+	c := m.last[id]
+	delete(m.last, id)
+	m.tally.refunds++
+	for _, k := range c.keys {
+		w := k.window
+		span := int64(1)
+		if k.strict {
+			w /= ratelimit.StrictSubWindows
+			span = ratelimit.StrictSubWindows
+		}
+		now := floorDiv(t, w)
+		if now > k.index+span {
+			continue
+		}
+		if now > k.index {
+			m.tally.lateRefunds++
+		}
+		m.counts[k] = max(0, m.counts[k]-n)
+	}
+}
 
 func floorDiv(a, b int64) int64 {
 	q := a / b
@@ -143,12 +221,14 @@ func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []rate
 		never = never || !limit.Shadow && n > limit.Rate
 	}
 	counted := make([]bool, len(limits))
+	var keys []windowKey
 	for i, limit := range limits {
 		k := current(id, limit, t)
 		counted[i] = allowed && !limit.Shadow || limit.Shadow && fits[i]
 		switch {
 		case counted[i]:
 			m.counts[k] += n
+			keys = append(keys, k)
 		case m.countDenied && n <= limit.Rate && (limit.Shadow || !never): // a cost that can never pass is not counted
 			m.counts[k] += max(0, min(n, limit.Rate-m.counts[k]))
 		}
@@ -169,6 +249,9 @@ func (m *model) allowAll(id string, limits []ratelimit.Limit, t, n int64) []rate
 		res[i] = r
 	}
 	m.count(res, allowed, n)
+	if !(m.shadow || m.countDenied) { // refunds are traced in the default modes
+		m.record(id, keys, n)
+	}
 	return m.finish(res, allowed, fits)
 }
 
@@ -278,13 +361,22 @@ func (m *model) apply(o op) []ratelimit.Result {
 		return m.peekAll(o.id, o.limits, o.at)
 	case opAllowAll:
 		return m.allowAll(o.id, o.limits, o.at, o.cost)
+	case opCharge:
+		return m.charge(o.id, o.limits, o.at, o.cost)
+	case opRefund:
+		m.refund(o.id, o.at, o.cost)
+		return nil
 	}
 	return []ratelimit.Result{m.allowN(o.id, o.limit, o.at, o.cost)}
 }
 
-// do runs o on l.
+// do runs o on l; a refund gives back o.cost of o.refunds.
 func do(ctx context.Context, l *ratelimit.Limiter, o op) ([]ratelimit.Result, error) {
 	switch o.kind {
+	case opCharge:
+		return l.Charge(ctx, o.id, o.limits, o.cost)
+	case opRefund:
+		return nil, l.Refund(ctx, o.id, o.refunds, o.cost)
 	case opReset:
 		return nil, l.Reset(ctx, o.id, o.limit)
 	case opPeek:
@@ -416,6 +508,9 @@ type op struct {
 	limits []ratelimit.Limit // of AllowAll and PeekAll
 	kind   opKind
 	cost   int64
+	// refunds are the Results a refund gives back part of: those of its
+	// id's last decision that counted, set when the trace runs.
+	refunds []ratelimit.Result
 }
 
 type opKind int
@@ -426,15 +521,17 @@ const (
 	opReset
 	opAllowAll
 	opPeekAll
+	opCharge
+	opRefund
 )
 
 func (k opKind) String() string {
-	return [...]string{"AllowN", "Peek", "Reset", "AllowAll", "PeekAll"}[k]
+	return [...]string{"AllowN", "Peek", "Reset", "AllowAll", "PeekAll", "Charge", "Refund"}[k]
 }
 
 func (o op) String() string {
 	limits := fmt.Sprint(o.limit)
-	if o.kind == opAllowAll || o.kind == opPeekAll {
+	if o.kind == opAllowAll || o.kind == opPeekAll || o.kind == opCharge {
 		limits = fmt.Sprint(o.limits)
 	}
 	return fmt.Sprintf("at %d: %v id %q limits %s cost %d", o.at, o.kind, o.id, limits, o.cost)
@@ -531,6 +628,31 @@ func mixedTrace(seed uint64, steps int, pool []ratelimit.Limit, suffix string) [
 	return ops
 }
 
+// withChargesAndRefunds turns about one op in ten of ops into a Charge of
+// the op's limits (a cost up to twice the least rate) and one in seven
+// into a Refund of up to 3 of the id's last decision that counted.
+func withChargesAndRefunds(ops []op, seed uint64, pool []ratelimit.Limit) []op {
+	rng := rand.New(rand.NewPCG(seed, 4))
+	for i := range ops {
+		o := &ops[i]
+		switch k := rng.IntN(100); {
+		case k < 10:
+			o.kind = opCharge
+			if o.limits == nil {
+				o.limits = pickLimits(rng, pool, 1+rng.IntN(3))
+			}
+			least := o.limits[0].Rate
+			for _, l := range o.limits {
+				least = min(least, l.Rate)
+			}
+			o.cost = 1 + rng.Int64N(2*least)
+		case k < 24:
+			o.kind, o.cost = opRefund, 1+rng.Int64N(3)
+		}
+	}
+	return ops
+}
+
 // pickLimits returns k limits of the pool, no two of the same Window and
 // Strict, in random order.
 func pickLimits(rng *rand.Rand, pool []ratelimit.Limit, k int) []ratelimit.Limit {
@@ -558,6 +680,9 @@ type diffConfig struct {
 	shadow, countDenied bool
 	// realTime: the server expires keys in real time (see pacer).
 	realTime bool
+	// charges: the trace has Charges and Refunds too (the default modes
+	// only).
+	charges bool
 }
 
 // pacer keeps a trace's clock running at least twice as fast as real time.
@@ -618,6 +743,9 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 			suffix = fmt.Sprintf("#%d", lane)
 		}
 		traces[lane] = mixedTrace(1+uint64(lane), steps/lanes, c.pool, suffix)
+		if c.charges {
+			traces[lane] = withChargesAndRefunds(traces[lane], 1+uint64(lane), c.pool)
+		}
 		for step := range traces[lane] { // one clock for all lanes
 			traces[lane][step].at = traces[0][step].at
 		}
@@ -625,6 +753,8 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	got := make([][]ratelimit.Result, lanes)
 	errs := make([]error, lanes)
 	decisions := 0
+	// booked are, per id, the Results of the decision m.last holds.
+	booked := map[string][]ratelimit.Result{}
 	pace := &pacer{on: c.realTime}
 	for step := range traces[0] {
 		at := pace.at(traces[0][step].at)
@@ -632,21 +762,42 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 			traces[lane][step].at = at
 		}
 		e.clock.Set(time.UnixMilli(at))
-		if lanes == 1 {
+		skip := make([]bool, lanes)
+		for lane := range traces {
+			o := &traces[lane][step]
+			if o.kind != opRefund {
+				continue
+			}
+			last, ok := m.last[o.id]
+			skip[lane] = !ok // nothing to refund: the step does nothing
+			o.refunds, o.cost = booked[o.id], min(o.cost, last.n)
+		}
+		seq := m.seq
+		if lanes == 1 && skip[0] {
+			continue
+		} else if lanes == 1 {
 			got[0], errs[0] = do(ctx, l, traces[0][step])
 		} else {
 			var wg sync.WaitGroup
 			for lane := range lanes {
-				wg.Go(func() { got[lane], errs[lane] = do(ctx, l, traces[lane][step]) })
+				if !skip[lane] {
+					wg.Go(func() { got[lane], errs[lane] = do(ctx, l, traces[lane][step]) })
+				}
 			}
 			wg.Wait()
 		}
 		for lane := range lanes {
 			o := traces[lane][step]
+			if skip[lane] {
+				continue
+			}
 			where := fmt.Sprintf("step %d lane %d %v", step, lane, o)
 			require.NoError(t, errs[lane], where)
 			require.Equal(t, m.apply(o), ratelimit.PublicAll(got[lane]), where)
-			if o.kind != opReset {
+			if m.seq > seq && m.last[o.id].seq > seq { // it counted: a later refund gives it back
+				booked[o.id] = got[lane]
+			}
+			if o.kind != opReset && o.kind != opRefund {
 				decisions++
 			}
 		}
@@ -665,7 +816,34 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	require.Greater(t, s.strict, steps/200)
 	require.Greater(t, s.shadowed, steps/200)
 	require.Positive(t, calls.n.Load(), "the hook saw no script call")
+	if c.charges {
+		require.Greater(t, s.charges, steps/20)
+		require.Greater(t, s.refunds, steps/20)
+		require.Positive(t, s.lateRefunds, "no refund in the window after the decision's")
+	}
 	if c.batched {
 		require.Less(t, calls.n.Load(), int64(decisions), "no script call carried two decisions")
 	}
+}
+
+// Charges and refunds among the decisions, held to the model: refunds in
+// the window counted, in the next one, and after the span (nothing).
+func TestDifferentialChargeRefundMiniredis(t *testing.T) {
+	t.Parallel()
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, charges: true})
+}
+
+func TestDifferentialChargeRefundBatchedMiniredis(t *testing.T) {
+	t.Parallel()
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 8, batched: true, charges: true})
+}
+
+func TestDifferentialChargeRefundRedisServer(t *testing.T) {
+	t.Parallel()
+	runDifferential(t, serverEnv(t)(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true, charges: true})
+}
+
+func TestDifferentialChargeRefundRedisCluster(t *testing.T) {
+	t.Parallel()
+	runDifferential(t, clusterEnv(t)(t), diffConfig{pool: realPool, realTime: true, charges: true})
 }
