@@ -203,9 +203,15 @@ func (c *hotCell) spread(f func(HotResult) float64) spread {
 	return spreadOf(xs)
 }
 
-// percent formats the spread of a share as percentages.
+// percent formats the spread of a share as percentages: "48.6% (29.8–55.9%)",
+// or "100.0%" when the least and greatest print alike.
 func (c *hotCell) percent(f func(HotResult) float64) string {
-	return c.spread(func(r HotResult) float64 { return 100 * f(r) }).format(1) + "%"
+	sp := c.spread(func(r HotResult) float64 { return 100 * f(r) })
+	lo, med, hi := fmt.Sprintf("%.1f", sp.lo), fmt.Sprintf("%.1f", sp.med), fmt.Sprintf("%.1f", sp.hi)
+	if lo == hi {
+		return med + "%"
+	}
+	return med + "% (" + lo + "–" + hi + "%)"
 }
 
 // ifAny formats f's spread over the runs whose share is positive, "–" if
