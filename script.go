@@ -100,14 +100,26 @@ func giveBack(n int64, keys ...string) *request {
 	return r
 }
 
+// expiryMargin, in ms, is how long at most a key outlives the last window
+// that reads it, beyond what its TTL needs by the clock that placed it:
+// for a decision that reaches Redis a while after it read its clock, and
+// for clocks a little apart. It is at most the limit's Window, so that
+// short windows keep few keys.
+const expiryMargin = 1000
+
+// margin returns expiryMargin for a limit whose Window is window ms.
+func margin(window int64) int64 { return min(window, expiryMargin) }
+
 // newLimitArgs returns the script's arguments for limit placed at p.
 func newLimitArgs(limit Limit, p position) limitArgs {
 	if p.subs == 0 {
-		return limitArgs{rate: limit.Rate, weight: p.w - p.e, window: p.w, ttl: 2 * p.w}
+		// Read until the end of the next window: two windows outlive that
+		// from any moment in this one.
+		return limitArgs{rate: limit.Rate, weight: p.w - p.e, window: p.w, ttl: 2*p.w + margin(p.w)}
 	}
 	// A sub-window is read until subs sub-windows after its own have
 	// passed; two more outlive that from any moment in it.
-	return limitArgs{rate: limit.Rate, weight: p.subs + 1, window: 0, ttl: (p.subs + 2) * p.w}
+	return limitArgs{rate: limit.Rate, weight: p.subs + 1, window: 0, ttl: (p.subs+2)*p.w + margin(p.subs*p.w)}
 }
 
 // nkeys returns how many keys, and counts, the limit has.
@@ -330,8 +342,12 @@ func (a *limitArgs) limit() Limit {
 	if a.window > 0 {
 		return Limit{Rate: a.rate, Window: time.Duration(a.window) * time.Millisecond}
 	}
-	sub := a.ttl / (a.weight + 1) // see newLimitArgs
-	return Limit{Rate: a.rate, Window: time.Duration((a.weight-1)*sub) * time.Millisecond, Strict: true}
+	subs := a.weight - 1 // see newLimitArgs: ttl = (subs+2)×sub + margin(subs×sub)
+	sub := a.ttl / (2*subs + 2)
+	if subs*sub > expiryMargin || (2*subs+2)*sub != a.ttl {
+		sub = (a.ttl - expiryMargin) / (subs + 2)
+	}
+	return Limit{Rate: a.rate, Window: time.Duration(subs*sub) * time.Millisecond, Strict: true}
 }
 
 // noRetry marks the script's command as one go-redis must not send again
