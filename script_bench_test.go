@@ -30,6 +30,9 @@ type scriptCase struct {
 	denied bool // every request is denied: the script reads and writes nothing
 	prev   bool // the previous window's keys exist too, as for a client active in the last window
 	bare   bool // bareIncr instead of the script
+	// charge: each request is a Charge of 1; refund: a Refund of 1 from
+	// the current key, whose count the priming put far above 0.
+	charge, refund bool
 }
 
 // BenchmarkScriptCost measures what each kind of script call costs Redis
@@ -73,6 +76,8 @@ func BenchmarkScriptCost(b *testing.B) {
 		{name: "all2", limits: plan(2), batch: 1},
 		{name: "all4", limits: plan(4), batch: 1},
 		{name: "strict", limits: []Limit{{Rate: 1_000_000, Window: time.Minute, Strict: true}}, batch: 1},
+		{name: "charge", limits: []Limit{many}, batch: 1, charge: true},
+		{name: "refund", limits: []Limit{many}, batch: 1, refund: true},
 	}
 	var bare float64 // bareIncr's µs per call, once measured
 	for _, tc := range cases {
@@ -111,7 +116,12 @@ func benchScriptCase(b *testing.B, client *redis.Client, tc scriptCase) float64 
 		}
 		// The bare case too: its key is the current window's, which this
 		// writes, so that it increments keys that exist as the cases do.
-		if _, err := l.AllowAll(ctx, id, tc.limits, 1); err != nil {
+		// Refunds find counts they can lower all along.
+		prime := int64(1)
+		if tc.refund {
+			prime = tc.limits[0].Rate / 2
+		}
+		if _, err := l.AllowAll(ctx, id, tc.limits, prime); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -183,8 +193,11 @@ func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *scrip
 	now := time.Now().UnixMilli()
 	var reqs []*request
 	for i := range int64(tc.batch) {
-		d := &decision{cost: 1, limits: tc.limits}
+		d := &decision{cost: 1, limits: tc.limits, charge: tc.charge}
 		l.build(d, ids[(c*int64(tc.batch)+i)%int64(len(ids))], now)
+		if tc.refund {
+			d.reqs = []*request{giveBack(1, d.reqs[0].keys[0])}
+		}
 		reqs = append(reqs, d.reqs...)
 	}
 	var cmd redis.Cmder
