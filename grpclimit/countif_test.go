@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -76,4 +77,54 @@ func TestCharge(t *testing.T) {
 	_, err := in(ctx, nil, info, work)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "10 counted: 5 a call")
 	require.Error(t, grpclimit.Charge(context.Background(), 1))
+}
+
+// fakeStream is a server stream of ctx that carries no messages.
+type fakeStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s fakeStream) Context() context.Context     { return s.ctx }
+func (s fakeStream) SetHeader(metadata.MD) error  { return nil }
+func (s fakeStream) SendHeader(metadata.MD) error { return nil }
+func (s fakeStream) SetTrailer(metadata.MD)       {}
+func (s fakeStream) SendMsg(any) error            { return nil }
+func (s fakeStream) RecvMsg(any) error            { return nil }
+
+// A stream's code is its handler's return: the same login rule, by stream,
+// and Charge from the stream's context.
+func TestCountIfStream(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := ratelimit.New(rdb, ratelimit.WithClock(newFakeClock(start).Now), ratelimit.WithTimeout(time.Minute))
+	in, err := grpclimit.NewStream(l, ratelimit.PerMinute(5),
+		grpclimit.WithCountIf(func(_ context.Context, _ string, code codes.Code) bool { return code == codes.Unauthenticated }))
+	require.NoError(t, err)
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 7), Port: 1}})
+	info := &grpc.StreamServerInfo{FullMethod: "/auth.Auth/Login"}
+	open := func(handler grpc.StreamHandler) codes.Code {
+		return status.Code(in(nil, fakeStream{ctx: ctx}, info, handler))
+	}
+	ok := func(any, grpc.ServerStream) error { return nil }
+	fail := func(any, grpc.ServerStream) error { return status.Error(codes.Unauthenticated, "no") }
+	for range 10 {
+		require.Equal(t, codes.OK, open(ok))
+	}
+	for range 5 {
+		require.Equal(t, codes.Unauthenticated, open(fail))
+	}
+	require.Equal(t, codes.ResourceExhausted, open(fail))
+	var chargeErr error
+	in2, err := grpclimit.NewStream(l, ratelimit.PerMinute(10))
+	require.NoError(t, err)
+	code := status.Code(in2(nil, fakeStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: "/test.Echo/Other"}, func(_ any, ss grpc.ServerStream) error {
+		chargeErr = grpclimit.Charge(ss.Context(), 9)
+		return nil
+	}))
+	require.Equal(t, codes.OK, code)
+	require.NoError(t, chargeErr)
+	code = status.Code(in2(nil, fakeStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: "/test.Echo/Other"}, ok))
+	require.Equal(t, codes.ResourceExhausted, code, "1 + 9 counted")
 }
