@@ -60,7 +60,7 @@ type Limit struct {
 	// to single requests. Count and Remaining of a decision made from a lease
 	// are the shared count as of this process's last lease plus what this
 	// process used of it since. A lease held serves while Redis is down. A
-	// request that takes a lease is not counted when denied, even under
+	// request with a Leased limit is not counted when denied, even under
 	// WithCountDenied. See docs/leases.md.
 	Leased bool
 }
