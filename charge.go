@@ -16,7 +16,8 @@ import (
 // Allowed is one answer for every Result, as AllowAll's is: whether a cost-1
 // request would pass every limit but the Shadow ones, whose Shadowed says
 // whether it would pass that one. A Leased limit is charged in Redis, not
-// from its lease. It is one script call, whatever the number of limits,
+// from its lease, and this process's lease of it is given back in the same
+// call, so that what it held does not serve after the charge. It is one script call, whatever the number of limits,
 // validated as AllowAll is. A charge that cannot reach Redis is reported to
 // the error handler and returns the error, whatever the failure policy; like
 // a decision it is never sent twice, so a charge that timed out may or may
@@ -38,7 +39,7 @@ func (d *decision) deriveCharge() {
 		count := s.pos.estimate(&c)
 		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
 			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
-			window: s.pos.i, counted: d.cost}
+			window: s.pos.i, counted: d.cost, ms: d.limits[s.at].Window.Milliseconds(), strict: d.limits[s.at].Strict}
 		if count+1 > s.rate {
 			d.refused |= 1 << s.at
 			if s.shadow {
@@ -65,11 +66,18 @@ func (d *decision) deriveCharge() {
 // refund applies until then; a strict sub-window is read for
 // StrictSubWindows sub-windows after its own. Refund does not remember
 // earlier refunds of the same Results: refund a decision once, or in parts
-// that add up to no more than it counted. The Results of a Shadow limit
-// that did not count the request are passed over; so are those counted in
-// this process's failure policy. A refund is one script call; one that
-// cannot reach Redis is reported to the error handler and returns the
-// error, and is never sent twice. The deny cache forgets id.
+// that add up to no more than it counted, and give each Result once (two
+// of one count are an error). The Results of a Shadow limit that did not
+// count the request are passed over; so are those counted in this
+// process's failure policy. A denied AllowAll whose Shadow limit counted
+// the request on its own can be refunded for that limit. A refund is one
+// script call; one that cannot reach Redis is reported to the error handler
+// and returns the error, and is never sent twice.
+//
+// The deny cache of this Limiter forgets id (a decision of id in flight as
+// the refund lands may still cache its denial, for the rest of its
+// window); other processes' caches keep what they hold. A refund of a
+// decision made before a Reset lowers the counts written after it.
 func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int64) error {
 	d, err := l.refund(id, results, n)
 	if err != nil || d == nil {
@@ -91,7 +99,7 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		return nil, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	counted := false
-	for _, r := range results {
+	for i, r := range results {
 		if r.counted == 0 {
 			continue
 		}
@@ -100,6 +108,12 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		}
 		if n > r.counted {
 			return nil, fmt.Errorf("%w: refund %d is more than the %d limit %v counted", ErrInvalidCost, n, r.counted, r.Limit)
+		}
+		for _, o := range results[:i] {
+			if o.counted > 0 && o.ms == r.ms && o.strict == r.strict && o.window == r.window {
+				// One count given twice would take back more than it counted.
+				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidCost, o.Limit, r.Limit)
+			}
 		}
 		counted = true
 	}
@@ -113,13 +127,14 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		if r.counted == 0 {
 			continue
 		}
-		p := locate(now, r.Limit)
+		limit := Limit{Rate: 1, Window: time.Duration(r.ms) * time.Millisecond, Strict: r.strict} // as decided
+		p := locate(now, limit)
 		if p.i > r.window+max(1, p.subs) { // slid out of the span: nothing to give back
 			continue
 		}
 		p.e, p.i = 0, r.window
 		keys = append(keys, l.appendKeys(nil, id, p)[0])
-		d.limits = append(d.limits, r.Limit)
+		d.limits = append(d.limits, limit)
 		d.spans = append(d.spans, span{at: len(d.spans), pos: p})
 	}
 	if len(keys) == 0 {

@@ -140,19 +140,26 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 			rs []ratelimit.Result
 			n  int64
 		}{
-			"denied":        {"u", []ratelimit.Result{denied}, 1},
-			"peek":          {"u", []ratelimit.Result{peek}, 1},
-			"no results":    {"u", nil, 1},
-			"a literal":     {"u", []ratelimit.Result{{Allowed: true, Count: 1, Limit: tight}}, 1},
-			"more":          {"u", []ratelimit.Result{allowed}, 2},
-			"another id":    {"v", []ratelimit.Result{allowed}, 1},
-			"other Limiter": {"v", []ratelimit.Result{other}, 1},
-			"below 1":       {"u", []ratelimit.Result{allowed}, 0},
+			"denied":          {"u", []ratelimit.Result{denied}, 1},
+			"peek":            {"u", []ratelimit.Result{peek}, 1},
+			"no results":      {"u", nil, 1},
+			"a literal":       {"u", []ratelimit.Result{{Allowed: true, Count: 1, Limit: tight}}, 1},
+			"more":            {"u", []ratelimit.Result{allowed}, 2},
+			"another id":      {"v", []ratelimit.Result{allowed}, 1},
+			"other Limiter":   {"v", []ratelimit.Result{other}, 1},
+			"below 1":         {"u", []ratelimit.Result{allowed}, 0},
+			"one count twice": {"u", []ratelimit.Result{allowed, allowed}, 1},
 		} {
 			require.ErrorIs(t, l.Refund(ctx, tc.id, tc.rs, tc.n), ratelimit.ErrInvalidCost, name)
 		}
 		require.Equal(t, int64(1), e.get(t, "u", time.Minute, e.windowIndex(time.Minute)), "nothing written")
 		require.ErrorIs(t, l.Refund(ctx, "", []ratelimit.Result{allowed}, 1), ratelimit.ErrInvalidID)
+		// The Limit of a Result is the caller's to change; the refund goes
+		// to the count the decision counted in all the same.
+		edited := allowed
+		edited.Limit = ratelimit.Limit{}
+		require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{edited}, 1))
+		require.Equal(t, int64(0), e.get(t, "u", time.Minute, e.windowIndex(time.Minute)))
 	})
 
 	t.Run("RefundsRacingDecisions", func(t *testing.T) {

@@ -132,6 +132,9 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 		}
 	}
+	if d.charge && d.leased() {
+		gives = l.leases.drain(id, d)
+	}
 	if l.denied != nil && !look && !d.charge && l.denied.deny(id, d) {
 		if leased {
 			l.leases.settle(id, d, false)
@@ -141,7 +144,8 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
 	}
 	replies := d.replies
-	if leased && !look {
+	merged := leased && !look || len(gives) > 0 // requests of d's and give-backs in one call
+	if merged {
 		reqs, replies = d.sending(reqs, gives)
 	}
 	var start time.Time
@@ -149,7 +153,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		start = time.Now()
 	}
 	err := l.t.do(ctx, reqs, replies)
-	if leased && !look {
+	if merged {
 		d.received(replies, len(gives))
 		if err == nil {
 			l.leases.gaveBack(ctx, id, replies[:len(gives)])
@@ -334,6 +338,7 @@ func (d *decision) derive() {
 		res := s.result(d.limits[s.at], want, counted, added)
 		if counted {
 			res.window, res.counted = s.pos.i, n // all of n, leased or not
+			res.ms, res.strict = res.Limit.Window.Milliseconds(), res.Limit.Strict
 		}
 		fits := counted || s.pos.estimate(&s.seen)+want <= s.rate
 		if !fits {

@@ -4,10 +4,14 @@ package ratelimit
 // reported for a client that Redis denied, so that the same client's next
 // requests can be denied without a round trip.
 //
-// It never denies what Redis would allow: counts only grow within a window
-// (nothing but a Reset or a deletion lowers them), so the counts a decision
-// saw are lower bounds of the counts now, and an estimate made from them is
-// a lower bound of the estimate Redis would make. A request that the lower
+// It never denies what Redis would allow while counts only grow within a
+// window, so that the counts a decision saw are lower bounds of the counts
+// now, and an estimate made from them is a lower bound of the estimate Redis
+// would make. What lowers a count forgets the id's entry: a Reset, a Refund,
+// a lease's give-back in this process. Another process's refund or
+// give-back, or a decision in flight as this process's lands, can leave an
+// entry a little high until its window has passed: a denial that Redis
+// would not make, never an admission it would refuse. A request that the lower
 // bound already denies, Redis would deny too. A request it would allow goes
 // to Redis, whose answer refreshes the entry. The Results of a local denial
 // are derived from those lower bounds.

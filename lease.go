@@ -364,6 +364,34 @@ func (t *leaseTable) forgetDenial(id string, p position) {
 	}
 }
 
+// drain drops this process's leases of d's Leased limits, d being a
+// Charge, and returns the give-backs of what they held, for the charge's
+// call: units counted before the charge must not serve after it, which may
+// have pushed the count over. What a decision has in flight from them goes
+// back when it settles (see restore).
+func (t *leaseTable) drain(id string, d *decision) []*request {
+	var gives []*request
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range d.spans {
+		s := &d.spans[i]
+		if !d.limits[s.at].Leased {
+			continue
+		}
+		k := leaseKey{id, s.pos.w, s.pos.subs}
+		e := t.entries[k]
+		if e == nil {
+			continue
+		}
+		delete(t.entries, k)
+		if e.left > 0 && e.key != "" {
+			gives = append(gives, giveBack(e.left, e.key))
+			t.forgetDenial(id, s.pos)
+		}
+	}
+	return gives
+}
+
 // forget drops the lease of id at p, and the give-backs waiting for keys,
 // without giving anything back: Reset deleted keys, which they were counted
 // in. What a decision has in flight from the lease is dropped too (see

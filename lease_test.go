@@ -458,6 +458,22 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 		require.Equal(t, int64(1), n, "a give-back of what Reset deleted lowered the new count")
 	})
 
+	t.Run("ChargeEndsTheLease", func(t *testing.T) {
+		e := mk(t)
+		l := leasing(t, e)
+		for range 20 {
+			_, err := l.Allow(ctx, "hot", leased)
+			require.NoError(t, err)
+		}
+		rs, err := l.Charge(ctx, "hot", []ratelimit.Limit{leased}, 5000)
+		require.NoError(t, err)
+		require.False(t, rs[0].Allowed)
+		r, err := l.Allow(ctx, "hot", leased)
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "what the lease held does not serve after the charge")
+		require.Equal(t, int64(20+5000), e.get(t, "hot", time.Minute, e.windowIndex(time.Minute)), "and went back")
+	})
+
 	t.Run("HeldLeaseServesWhileRedisIsDown", func(t *testing.T) {
 		e := mk(t)
 		var src sources

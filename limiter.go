@@ -82,9 +82,13 @@ type Result struct {
 
 	// What Refund needs: the Limiter that made it and a hash of the id (to
 	// refuse a Result of another), and what this limit counted (0 for
-	// nothing) in which window (for a strict limit, sub-window) index.
+	// nothing) in which window (for a strict limit, sub-window) index, of
+	// which count (Window in ms and Strict, as decided: Limit is the
+	// caller's to change).
 	by, id          uint64
 	window, counted int64
+	ms              int64
+	strict          bool
 }
 
 // Binding returns the Result that decided: when denied, the one with the

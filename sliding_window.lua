@@ -215,14 +215,16 @@ for _ = 1, num(argv[1]) do
   end
   if bad then allowed = false end
   if cost < 0 and not bad then
-    -- give back: lower each limit's one key, never below 0
-    local r = flag + 1
+    -- give back: lower each limit's one key, never below 0, a key given
+    -- twice in the request too
+    local r, lowered = flag + 1, {}
     k = key
     for _ = 1, limits do
-      local cur = reply[r]
+      local cur = lowered[keys[k]] or reply[r]
       local sub = math.min(cur, -cost)
       if sub > 0 then
         call('DECRBY', keys[k], string.format('%d', sub))
+        lowered[keys[k]] = cur - sub
         if written then written[keys[k]] = cur - sub end
       end
       r, k = r + 1, k + 1

@@ -201,7 +201,9 @@ func Charge(ctx context.Context, n int64) error {
 	if !ok {
 		return errors.New("grpclimit: Charge: the call did not pass through the interceptor")
 	}
-	_, err := d.limiter.Charge(ctx, d.id, d.limits, n)
+	// The work is done: a caller that left owes it all the same, within the
+	// Limiter's timeout.
+	_, err := d.limiter.Charge(context.WithoutCancel(ctx), d.id, d.limits, n)
 	return err
 }
 

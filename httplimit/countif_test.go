@@ -1,9 +1,11 @@
 package httplimit_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -89,4 +91,29 @@ func TestCharge(t *testing.T) {
 	}))
 	serve(h, request("198.51.100.1:1"))
 	require.True(t, errors.Is(chargeErr, ratelimit.ErrInvalidCost))
+}
+
+// A handler that panics answers 500, if anything: WithCountIf sees 500, so
+// an API that does not count its failures does not count it.
+func TestCountIfPanic(t *testing.T) {
+	e := newEnv(t)
+	h := httplimit.Middleware(e.limiter, ratelimit.PerMinute(2),
+		httplimit.WithCountIf(func(_ *http.Request, s int) bool { return s < 500 }))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic(http.ErrAbortHandler)
+	}))
+	for range 5 {
+		require.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(h, request("192.0.2.9:1")) })
+	}
+	r, err := e.limiter.Peek(context.Background(), httplimit.ClientKey(netip.MustParseAddr("192.0.2.9"), 64), ratelimit.PerMinute(2))
+	require.NoError(t, err)
+	require.Zero(t, r.Count, "no panic was counted")
+	// The same with a rule that counts everything: counted, under that key.
+	all := httplimit.Middleware(e.limiter, ratelimit.PerMinute(2),
+		httplimit.WithCountIf(func(*http.Request, int) bool { return true }))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic(http.ErrAbortHandler)
+	}))
+	require.Panics(t, func() { serve(all, request("192.0.2.10:1")) })
+	r, err = e.limiter.Peek(context.Background(), httplimit.ClientKey(netip.MustParseAddr("192.0.2.10"), 64), ratelimit.PerMinute(2))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), r.Count)
 }

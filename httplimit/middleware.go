@@ -34,9 +34,11 @@
 package httplimit
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 
 	"github.com/slidingwindow/ratelimit"
@@ -177,7 +179,9 @@ func Charge(r *http.Request, n int64) error {
 	if !ok || d.limiter == nil {
 		return errors.New("httplimit: Charge: the request did not pass through the middleware")
 	}
-	_, err := d.limiter.Charge(r.Context(), d.id, d.limits, n)
+	// The work is done: a client that left owes it all the same, within the
+	// Limiter's timeout.
+	_, err := d.limiter.Charge(context.WithoutCancel(r.Context()), d.id, d.limits, n)
 	return err
 }
 
@@ -278,17 +282,26 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
+	panicked := true
+	defer func() {
+		status := sw.status
+		switch {
+		case panicked: // as net/http answers it, if it answers at all
+			status = http.StatusInternalServerError
+		case status == 0:
+			status = http.StatusOK
+		}
+		if !c.countIf(r, status) {
+			// Nothing to give back when nothing was counted (shadow mode let
+			// a denial through, or the failure policy decided): Refund says
+			// so, and that is no failure to report. The client may have
+			// left: the refund is owed all the same, within the Limiter's
+			// timeout.
+			_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
+		}
+	}()
 	next.ServeHTTP(sw, r)
-	if sw.status == 0 {
-		sw.status = http.StatusOK
-	}
-	if !c.countIf(r, sw.status) {
-		// Nothing to give back when nothing was counted (shadow mode let a
-		// denial through, or the failure policy decided): Refund says so,
-		// and that is no failure to report. The client may have left: the
-		// refund is owed all the same, within the Limiter's timeout.
-		_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
-	}
+	panicked = false
 }
 
 // statusWriter records the status a handler answers with, for WithCountIf.
@@ -298,10 +311,23 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 { // 1xx are not the final status
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) { // other 1xx are not final
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// Hijack hands over the connection, when the ResponseWriter it wraps can
+// (http.ErrNotSupported otherwise): the status is then 101.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, http.ErrNotSupported
+	}
+	if w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return h.Hijack()
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {

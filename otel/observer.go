@@ -128,7 +128,7 @@ type policyAttrs struct {
 
 // numSources is the number of ratelimit.Source values, with one more for
 // any value added to the core later ("unknown").
-const numSources = int(ratelimit.SourcePolicy) + 2
+const numSources = int(ratelimit.SourceLease) + 2
 
 // NewObserver returns an Observer that records with a Meter of mp named
 // ScopeName; a nil mp means the global MeterProvider. The error reports an
@@ -229,12 +229,22 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	return p
 }
 
-// Observe records one decision: it implements ratelimit.Observer. It counts
+// Observe records one decision: it implements ratelimit.Observer. Of a
+// Charge or a Refund it records the Redis call's duration only. It counts
 // the decision under the policy of the Result that decided (see
 // decidingPolicy); records the Redis call's duration if one was made; and
 // counts each admitted Result at or above the near-limit fraction of its
 // Rate, unless the decision was a look or the failure policy's.
 func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
+	if e.Kind != ratelimit.EventDecision {
+		// A Charge or a Refund decides nothing: its Redis call is one, but
+		// it is no decision, and a refund's Results are a decision already
+		// counted.
+		if e.Duration > 0 {
+			o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
+		}
+		return
+	}
 	if len(e.Results) == 0 {
 		return
 	}

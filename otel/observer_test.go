@@ -407,6 +407,36 @@ func TestPeek(t *testing.T) {
 	require.Equal(t, map[string]uint64{"": 2}, m.redisCalls())
 }
 
+// A Charge and a Refund are no decisions: only their Redis calls are
+// recorded.
+func TestChargeAndRefund(t *testing.T) {
+	e := newEnv(t)
+	limit := ratelimit.PerSecond(1)
+	limit.Name = "api"
+	ctx := context.Background()
+	r, err := e.limiter.Allow(ctx, "client", limit)
+	require.NoError(t, err)
+	_, err = e.limiter.Charge(ctx, "client", []ratelimit.Limit{limit}, 5) // pushes it over
+	require.NoError(t, err)
+	require.NoError(t, e.limiter.Refund(ctx, "client", []ratelimit.Result{r}, 1))
+	m := collect(t, e.reader)
+	require.Equal(t, map[string]int64{"outcome=allowed,policy=api,shadow=false,source=redis": 1}, m.decisions())
+	require.Equal(t, map[string]int64{"policy=api": 1}, m.nearLimit())
+	require.Equal(t, map[string]uint64{"": 3}, m.redisCalls())
+}
+
+// A decision from a lease is counted under source=lease.
+func TestLeaseSource(t *testing.T) {
+	e := newEnv(t)
+	limit := ratelimit.Limit{Rate: 100, Window: time.Minute, Name: "api", Leased: true}
+	require.Equal(t, 4, e.allow(t, limit, 4))
+	m := collect(t, e.reader)
+	require.Equal(t, map[string]int64{
+		"outcome=allowed,policy=api,shadow=false,source=redis": 3, // leases of 1, 1 and 2
+		"outcome=allowed,policy=api,shadow=false,source=lease": 1,
+	}, m.decisions())
+}
+
 // The near-limit fraction is the Observer's option; counts move with the
 // clock, which the test moves by hand.
 func TestNearLimitFraction(t *testing.T) {

@@ -89,13 +89,15 @@ func complete(limiter *ratelimit.Limiter, w http.ResponseWriter, r *http.Request
 		http.Error(w, fmt.Sprintf("%d tokens used of %d a minute; %d do not fit", res.Count, tokens.Rate, estimate), http.StatusTooManyRequests)
 		return
 	}
-	used := param(r, "used", estimate) // the model's work, simulated
+	used := max(0, param(r, "used", estimate)) // the model's work, simulated
+	// The work is done: settle it even if the client has left.
+	done := context.WithoutCancel(ctx)
 	var settle error
 	switch {
 	case used > estimate:
-		_, settle = limiter.Charge(ctx, client, []ratelimit.Limit{tokens}, used-estimate)
+		_, settle = limiter.Charge(done, client, []ratelimit.Limit{tokens}, used-estimate)
 	case used < estimate:
-		settle = limiter.Refund(ctx, client, []ratelimit.Result{res}, estimate-used)
+		settle = limiter.Refund(done, client, []ratelimit.Result{res}, estimate-used)
 	}
 	if settle != nil {
 		log.Printf("settling %s's tokens: %v", client, settle) // the work is done: answer all the same
