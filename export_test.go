@@ -62,3 +62,11 @@ func PublicAll(rs []Result) []Result {
 	}
 	return out
 }
+
+// SweepByHand keeps l from starting its lease sweeper: the test sweeps with
+// SweepLeases, when it chooses. Call it before l holds a lease.
+func SweepByHand(l *Limiter) {
+	l.leases.mu.Lock()
+	l.leases.manual = true
+	l.leases.mu.Unlock()
+}

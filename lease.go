@@ -36,6 +36,7 @@ type leaseTable struct {
 	sweeps   int64         // the sweeps so far: the table's coarse clock
 	sweeping bool          // a sweeper goroutine runs
 	stopped  chan struct{} // closed when the last sweeper started has ended
+	manual   bool          // no sweeper goroutine: a test calls sweep
 }
 
 // leaseKey is an id and the length and kind of a limit's windows: the
@@ -411,7 +412,7 @@ func (t *leaseTable) forget(id string, p position, keys []string) {
 
 // start starts the sweeper if it is not running. Called with t.mu held.
 func (t *leaseTable) start() {
-	if t.sweeping {
+	if t.sweeping || t.manual {
 		return
 	}
 	t.sweeping = true

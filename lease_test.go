@@ -203,6 +203,15 @@ func leasing(t *testing.T, e env, opts ...ratelimit.Option) *ratelimit.Limiter {
 	return l
 }
 
+// leasingByHand is leasing with no sweeper goroutine: the test sweeps with
+// SweepLeases, so that nothing gives back behind its back between a step
+// and what it reads of Redis.
+func leasingByHand(t *testing.T, e env, opts ...ratelimit.Option) *ratelimit.Limiter {
+	l := leasing(t, e, opts...)
+	ratelimit.SweepByHand(l)
+	return l
+}
+
 // hookedLimiter returns leasing's Limiter on e's client, hooked to count
 // script calls.
 func hookedLimiter(t *testing.T, e env, opts ...ratelimit.Option) (*ratelimit.Limiter, *scriptCalls) {
@@ -284,7 +293,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("GivesBackAtWindowEnd", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		for range 20 {
 			_, err := l.Allow(ctx, "hot", leased)
 			require.NoError(t, err)
@@ -304,7 +313,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("GivesBackWhenQuiet", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		for range 20 {
 			_, err := l.Allow(ctx, "hot", leased)
 			require.NoError(t, err)
@@ -342,7 +351,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("Reset", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		for range 10 {
 			_, err := l.Allow(ctx, "hot", leased)
 			require.NoError(t, err)
@@ -361,7 +370,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("AllowAllAllOrNothing", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		tight := ratelimit.Limit{Rate: 3, Window: time.Second}
 		plan := []ratelimit.Limit{leased, tight}
 		for i := range 5 {
@@ -441,7 +450,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("ResetDropsWaitingGiveBacks", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		ratelimit.SetMaxLeases(l, 1)
 		for range 2 { // leases of 1, then 2: one unit left
 			_, err := l.Allow(ctx, "a", leased)
@@ -460,7 +469,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("ChargeEndsTheLease", func(t *testing.T) {
 		e := mk(t)
-		l := leasing(t, e)
+		l := leasingByHand(t, e)
 		for range 20 {
 			_, err := l.Allow(ctx, "hot", leased)
 			require.NoError(t, err)
@@ -528,7 +537,7 @@ func count(got []ratelimit.Source, s ratelimit.Source) int {
 func TestLeaseTableBounded(t *testing.T) {
 	t.Parallel()
 	e := miniredisEnv(t)
-	l := leasing(t, e)
+	l := leasingByHand(t, e)
 	const max, ids = 20, 70
 	ratelimit.SetMaxLeases(l, max) // as 10,000 would, sooner
 	ctx := context.Background()
