@@ -142,19 +142,12 @@ func mem(args []string) error {
 }
 
 func table(files []string) error {
-	var readers []io.Reader
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			return err
-		}
-		defer fh.Close()
-		readers = append(readers, fh)
+	in, done, err := inputs(files)
+	if err != nil {
+		return err
 	}
-	if len(readers) == 0 {
-		readers = append(readers, os.Stdin)
-	}
-	res, err := bench.ReadResults(io.MultiReader(readers...))
+	defer done()
+	res, err := bench.ReadResults(in)
 	if err != nil {
 		return err
 	}
@@ -275,21 +268,39 @@ func hot(args []string) error {
 	return nil
 }
 
-// hottable prints the tables of hot's JSON lines, from files or stdin.
-func hottable(files []string) error {
+// inputs returns files one after another, or stdin when there are none,
+// and a func that closes them.
+func inputs(files []string) (io.Reader, func(), error) {
 	var readers []io.Reader
+	var opened []*os.File
+	done := func() {
+		for _, fh := range opened {
+			_ = fh.Close()
+		}
+	}
 	for _, f := range files {
 		fh, err := os.Open(f)
 		if err != nil {
-			return err
+			done()
+			return nil, nil, err
 		}
-		defer fh.Close()
+		opened = append(opened, fh)
 		readers = append(readers, fh)
 	}
 	if len(readers) == 0 {
 		readers = append(readers, os.Stdin)
 	}
-	res, err := bench.ReadHotResults(io.MultiReader(readers...))
+	return io.MultiReader(readers...), done, nil
+}
+
+// hottable prints the tables of hot's JSON lines, from files or stdin.
+func hottable(files []string) error {
+	in, done, err := inputs(files)
+	if err != nil {
+		return err
+	}
+	defer done()
+	res, err := bench.ReadHotResults(in)
 	if err != nil {
 		return err
 	}
