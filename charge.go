@@ -17,11 +17,12 @@ import (
 // request would pass every limit but the Shadow ones, whose Shadowed says
 // whether it would pass that one. A Leased limit is charged in Redis, not
 // from its lease, and this process's lease of it is given back in the same
-// call, so that what it held does not serve after the charge. It is one script call, whatever the number of limits,
-// validated as AllowAll is. A charge that cannot reach Redis is reported to
-// the error handler and returns the error, whatever the failure policy; like
-// a decision it is never sent twice, so a charge that timed out may or may
-// not have been counted. The Results of a Charge can be refunded.
+// call, so that what it held does not serve after the charge. It is one
+// script call, whatever the number of limits, validated as AllowAll is. A
+// charge that cannot reach Redis is reported to the error handler and
+// returns the error, whatever the failure policy; like a decision it is
+// never sent twice, so a charge that timed out may or may not have been
+// counted. The Results of a Charge can be refunded.
 func (l *Limiter) Charge(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
 	d := &decision{limits: limits, charge: true}
 	err := l.decide(ctx, d, id, n, false)
