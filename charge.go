@@ -84,7 +84,7 @@ func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int
 	if err != nil || d == nil {
 		return err
 	}
-	return l.send(ctx, d, id)
+	return l.sendRefund(ctx, d, id)
 }
 
 // refund checks a refund and returns it as a decision of one give-back
@@ -147,8 +147,8 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 	return d, nil
 }
 
-// send sends d, a refund's give-back, and reports what fails.
-func (l *Limiter) send(ctx context.Context, d *decision, id string) error {
+// sendRefund sends d, a refund's give-back, and reports what fails.
+func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error {
 	var start time.Time
 	if l.observer != nil {
 		start = time.Now()
@@ -183,4 +183,4 @@ func (l *Limiter) send(ctx context.Context, d *decision, id string) error {
 
 // idHash hashes an id for a Result, so that Refund can tell a Result made
 // for another id.
-func idHash(id string) uint64 { return maphash.String(keySeed, id) }
+func idHash(id string) uint64 { return maphash.String(keySeed, id) | 1 } // never 0: 0 is "none yet"

@@ -395,9 +395,13 @@ func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 // decision through, and the observer sees it. redisErr is what Redis
 // failed with, if it did; err is what the caller is to get.
 func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr, err error) error {
+	var h uint64 // idHash(id), once, if some Result counted
 	for i := range d.results {
 		if r := &d.results[i]; r.counted > 0 {
-			r.by, r.id = l.serial, idHash(id)
+			if h == 0 {
+				h = idHash(id)
+			}
+			r.by, r.id = l.serial, h
 		}
 	}
 	shadowed := false
