@@ -150,17 +150,25 @@ type reply struct {
 
 // callArgs appends the EVALSHA command of sc for reqs to args: the
 // arguments point into reqs, which must not change until the call is done.
-// One request against one sliding limit whose denial is not counted, the
-// common decision, goes in the script's short form. Otherwise the first
-// request's keys are declared as KEYS; with cross set (a batch on a Cluster
-// master, whose requests' keys are in several slots) the others go in ARGV,
-// where Redis does not check that they share a slot.
-func callArgs(args []any, sc *script, reqs []*request, cross bool) []any {
-	if shortCall(reqs) {
-		r := reqs[0]
-		a := &r.limits[0]
-		return append(args, "evalsha", sc.sha, smallInts[2], &r.keys[0], &r.keys[1],
-			&r.cost, &a.rate, &a.weight, &a.window, &a.ttl)
+// Requests that each ask one sliding limit, the same for all, with keys
+// that do not repeat and denials not counted (the common decision, and a
+// batch of them) go in the script's short form, when short says so (see
+// shortCall). Otherwise the first request's keys are declared as KEYS; with
+// cross set (a batch on a Cluster master, whose requests' keys are in
+// several slots) the others go in ARGV, where Redis does not check that
+// they share a slot.
+func callArgs(args []any, sc *script, reqs []*request, cross, short bool) []any {
+	if short {
+		args = append(args, "evalsha", sc.sha, intArg(2*len(reqs)))
+		for _, r := range reqs {
+			args = append(args, &r.keys[0], &r.keys[1])
+		}
+		a := &reqs[0].limits[0]
+		args = append(args, &a.rate, &a.window, &a.ttl)
+		for _, r := range reqs {
+			args = append(args, &r.cost, &r.limits[0].weight)
+		}
+		return args
 	}
 	declared := 0
 	for i, r := range reqs {
@@ -244,9 +252,9 @@ func repeats(reqs []*request) bool {
 }
 
 // callLen returns the length of the command callArgs makes for reqs.
-func callLen(reqs []*request, cross bool) int {
-	if shortCall(reqs) {
-		return 10
+func callLen(reqs []*request, short bool) int {
+	if short {
+		return 6 + 4*len(reqs)
 	}
 	n := 6
 	for _, r := range reqs {
@@ -256,10 +264,25 @@ func callLen(reqs []*request, cross bool) int {
 	return n
 }
 
-// shortCall reports whether a call of reqs goes in the script's short
-// form: one request, of one sliding limit, whose denial is not counted.
-func shortCall(reqs []*request) bool {
-	return len(reqs) == 1 && len(reqs[0].limits) == 1 && reqs[0].limits[0].window > 0 && reqs[0].mode == modeCount
+// shortCall reports whether a call of reqs goes in the script's short form:
+// each request is of one sliding limit, the same limit for all, and its
+// denial is not counted; in a call of several, no key repeats (the short
+// form does not show a request what the ones before it wrote), and the keys
+// are declared, so are of one slot.
+func shortCall(reqs []*request, cross bool) bool {
+	first := &reqs[0].limits[0]
+	for _, r := range reqs {
+		if len(r.limits) != 1 || r.mode != modeCount || r.cost < 0 {
+			return false
+		}
+		a := &r.limits[0]
+		if a.window <= 0 || a.rate != first.rate || a.window != first.window || a.ttl != first.ttl {
+			return false
+		}
+	}
+	// A TTL of 0 or 1 would read as the long form's ARGV[3]: see
+	// sliding_window.lua (newLimitArgs never makes one).
+	return first.ttl > 1 && (len(reqs) == 1 || !cross && !repeats(reqs))
 }
 
 // callSize returns what a request adds to a call: its keys, and its keys and
@@ -363,10 +386,11 @@ func (noRetry) NoRetry() bool { return true }
 // eval sends args, an EVALSHA command of sc with its SHA at args[1], and
 // EVAL with the source if the server does not have the script. A NOSCRIPT
 // reply means the script did not run, so sending it again cannot count
-// twice. It returns the reply's integers: for a call in the short form,
-// which replies with one integer when it can, the flag and the two counts
-// unpacked from it.
-func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short bool) ([]int64, error) {
+// twice. It returns the reply's integers in the long form's layout: for a
+// call of short requests in the short form (0 for the long form), whose
+// reply packs each request in one integer when it can, the flag and the two
+// counts unpacked from each.
+func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short int) ([]int64, error) {
 	cmd := newScriptCmd(ctx, args, short)
 	err := c.Process(ctx, noRetry{cmd})
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -378,15 +402,19 @@ func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, 
 		return nil, classify(err)
 	}
 	if cmd, ok := cmd.(*redis.IntSliceCmd); ok {
+		if short > 1 && len(cmd.Val()) == short {
+			return unpackAll(cmd.Val())
+		}
 		return cmd.Val(), nil
 	}
 	return unpack(cmd.(*redis.Cmd).Val())
 }
 
-// newScriptCmd returns the command of a script call of args: one that takes
-// a short-form reply (an integer or a list) or a list of integers.
-func newScriptCmd(ctx context.Context, args []any, short bool) redis.Cmder {
-	if short {
+// newScriptCmd returns the command of a script call of args: for one short
+// request, one that takes an integer or a list; otherwise one that takes a
+// list of integers.
+func newScriptCmd(ctx context.Context, args []any, short int) redis.Cmder {
+	if short == 1 {
 		cmd := redis.NewCmd(ctx, args...)
 		cmd.SetFirstKeyPos(3)
 		return cmd
@@ -400,15 +428,33 @@ func newScriptCmd(ctx context.Context, args []any, short bool) redis.Cmder {
 // integer: (current * packedCount + previous) * 2 + allowed.
 const packedCount = 1 << 26
 
-// unpack returns the integers of a short-form reply, which is one integer
-// (see packedCount) or the long form's list.
+// unpacked appends the flag and the two counts packed in v to vals.
+func unpacked(vals []int64, v int64) ([]int64, error) {
+	if v < 0 || v >= 2*packedCount*packedCount {
+		return nil, fmt.Errorf("%w: %d", ErrBadReply, v)
+	}
+	return append(vals, v&1, (v>>1)/packedCount, (v>>1)%packedCount), nil
+}
+
+// unpackAll returns the integers packed in a short-form reply to a call of
+// several requests, one integer per request.
+func unpackAll(packed []int64) ([]int64, error) {
+	vals := make([]int64, 0, 3*len(packed))
+	for _, v := range packed {
+		var err error
+		if vals, err = unpacked(vals, v); err != nil {
+			return nil, err
+		}
+	}
+	return vals, nil
+}
+
+// unpack returns the integers of a short-form reply to one request, which
+// is one integer or the long form's list.
 func unpack(v any) ([]int64, error) {
 	switch v := v.(type) {
 	case int64:
-		if v < 0 || v >= 2*packedCount*packedCount {
-			return nil, fmt.Errorf("%w: %d", ErrBadReply, v)
-		}
-		return []int64{v & 1, (v >> 1) / packedCount, (v >> 1) % packedCount}, nil
+		return unpacked(make([]int64, 0, 3), v)
 	case []any:
 		vals := make([]int64, len(v))
 		for i, x := range v {

@@ -204,7 +204,7 @@ func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *scrip
 	if tc.bare {
 		cmd = redis.NewCmd(ctx, "evalsha", bareIncr.sha, 1, reqs[0].keys[0], reqs[0].limits[0].ttl)
 	} else {
-		cmd = redis.NewCmd(ctx, callArgs(nil, sc, reqs, false)...)
+		cmd = redis.NewCmd(ctx, callArgs(nil, sc, reqs, false, shortCall(reqs, false))...)
 	}
 	_ = pipe.Process(ctx, cmd)
 	return cmd

@@ -21,16 +21,19 @@
 -- string of every key and argument), each redis.call, and the tables it
 -- builds: bench/scriptcost.sh measures it. Hence two forms.
 --
--- The short form: one request against one sliding limit, not counted when
--- denied (the common decision, with nothing to loop over).
---   ARGV (exactly five): the cost (0 looks without counting), the rate, the
---     ms left in the current window, the window in ms, the TTL in ms of a
---     new key.
---   KEYS: the current window's key and the previous one's.
---   Reply: when both counts are below 2^26, one integer,
+-- The short form: one or more requests, each against one sliding limit,
+-- the same limit for all, their keys all distinct, not counted when denied
+-- (the common decision, and a batch of them).
+--   ARGV: the rate, the window in ms, the TTL in ms of a new key (at least
+--     3 ms, which tells this form from the long one, whose ARGV[3] is 0 or
+--     1), then per request its cost (0 looks without counting) and the ms
+--     left in the current window as its clock read it.
+--   KEYS: per request, the current window's key and the previous one's.
+--   Reply: per request, when both its counts are below 2^26, one integer,
 --     (current * 2^26 + previous) * 2 + (1 if allowed else 0), which spares
---     Redis a table; otherwise the long form's reply.
---
+--     Redis a table: for one request that integer itself, for several a list
+--     of them. If a count does not pack, the long form's reply.
+
 -- The long form: one or more requests, decided in order, each against one or
 -- more limits (a request is allowed only if every limit admits it).
 --   ARGV[1]: the number of requests.
@@ -73,7 +76,9 @@
 local call, tonumber, find, floor = redis.call, tonumber, string.find, math.floor
 local argv, keys = ARGV, KEYS
 
-if #argv == 5 then
+local ttl = argv[3]
+if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
+  -- the short form for one request: no table but MGET's, no function
   local got = call('MGET', keys[1], keys[2])
   local c, p = got[1], got[2]
   local cur, prev = 0, 0
@@ -100,20 +105,102 @@ if #argv == 5 then
     if not c and call('EXISTS', keys[1]) == 1 then cur = -1 end
     if not p and call('EXISTS', keys[2]) == 1 then prev = -1 end
   end
-  local cost, ok = tonumber(argv[1]), false
+  local cost, ok = tonumber(argv[4]), 0
   if cost > 0 and cur >= 0 and prev >= 0
-      and cur + floor(prev * tonumber(argv[3]) / tonumber(argv[4])) + cost <= tonumber(argv[2]) then
-    if c then
-      call('INCRBY', keys[1], argv[1])
+      and cur + floor(prev * tonumber(argv[5]) / tonumber(argv[2])) + cost <= tonumber(argv[1]) then
+    -- a key at 0 is new or was given back: its TTL may start again
+    if cur > 0 then
+      call('INCRBY', keys[1], argv[4])
     else
-      call('SET', keys[1], argv[1], 'PX', argv[5])
+      call('SET', keys[1], argv[4], 'PX', ttl)
     end
-    ok = true
+    ok = 1
   end
   if cur >= 0 and prev >= 0 and cur < 67108864 and prev < 67108864 then
-    return (cur * 67108864 + prev) * 2 + (ok and 1 or 0)
+    return (cur * 67108864 + prev) * 2 + ok
   end
-  return {ok and 1 or 0, cur, prev}
+  return {ok, cur, prev}
+end
+
+-- parse returns the count a stored string holds, or -1 (the short form
+-- for one request says why so).
+local function parse(v)
+  local n = #v
+  if v == '0' or (n < 16 or n == 16 and v <= '9007199254740992') and find(v, '^[1-9]%d*$') then
+    return tonumber(v)
+  end
+  return -1
+end
+
+-- count returns the count a stored string holds, or -1; counts repeat too.
+local counts = {}
+local function count(v)
+  local c = counts[v]
+  if not c then
+    c = parse(v)
+    counts[v] = c
+  end
+  return c
+end
+
+-- foreign reports whether some key MGET read as absent (got[i] false)
+-- exists, so holds a value of another type.
+local function foreign(keys, got)
+  local missing, n = nil, 0
+  for i = 1, #keys do
+    if not got[i] then
+      missing = missing or {}
+      n = n + 1
+      missing[n] = keys[i]
+    end
+  end
+  return n > 0 and call('EXISTS', unpack(missing)) > 0
+end
+
+if ttl ~= '0' and ttl ~= '1' then
+  -- the short form for several requests
+  local rate, window = tonumber(argv[1]), tonumber(argv[2])
+  local got = call('MGET', unpack(keys))
+  local check = foreign(keys, got)
+  for i = 1, #keys do
+    local v = got[i]
+    if v then
+      got[i] = count(v)
+    elseif check and call('EXISTS', keys[i]) == 1 then
+      got[i] = -1
+    else
+      got[i] = 0
+    end
+  end
+  -- got holds the counts; reply, per request, its packed integer, or
+  -- -1 - allowed for one whose counts do not pack
+  local reply, packs = {}, true
+  for i = 1, #keys / 2 do
+    local cur, prev, a = got[2 * i - 1], got[2 * i], 2 + 2 * i
+    local cost, ok = tonumber(argv[a]), 0
+    if cost > 0 and cur >= 0 and prev >= 0
+        and cur + floor(prev * tonumber(argv[a + 1]) / window) + cost <= rate then
+      if cur > 0 then
+        call('INCRBY', keys[2 * i - 1], argv[a])
+      else
+        call('SET', keys[2 * i - 1], argv[a], 'PX', ttl)
+      end
+      ok = 1
+    end
+    if cur >= 0 and prev >= 0 and cur < 67108864 and prev < 67108864 then
+      reply[i] = (cur * 67108864 + prev) * 2 + ok
+    else
+      reply[i], packs = -1 - ok, false
+    end
+  end
+  if packs then return reply end
+  local long = {}
+  for i = 1, #reply do
+    local r = reply[i]
+    long[3 * i - 2] = r >= 0 and r % 2 or -1 - r
+    long[3 * i - 1], long[3 * i] = got[2 * i - 1], got[2 * i]
+  end
+  return long
 end
 
 -- num returns the number a string argument holds: the arguments of a
@@ -128,33 +215,10 @@ local function num(s)
   return n
 end
 
--- count returns the count a stored string holds, or -1; counts repeat too.
-local counts = {}
-local function count(v)
-  local c = counts[v]
-  if c then return c end
-  local n = #v
-  if v == '0' or (n < 16 or n == 16 and v <= '9007199254740992') and find(v, '^[1-9]%d*$') then
-    c = tonumber(v)
-  else
-    c = -1
-  end
-  counts[v] = c
-  return c
-end
-
 local got, arg, nkeys = nil, 4, #keys
 if argv[2] == '0' then
   got = call('MGET', unpack(keys))
-  local absent, n = nil, 0
-  for i = 1, nkeys do
-    if not got[i] then
-      absent = absent or {}
-      n = n + 1
-      absent[n] = keys[i]
-    end
-  end
-  if n > 0 and call('EXISTS', unpack(absent)) > 0 then
+  if foreign(keys, got) then
     for i = 1, nkeys do -- some key of another type: find which
       if not got[i] and call('EXISTS', keys[i]) == 1 then got[i] = true end
     end

@@ -263,7 +263,11 @@ func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 // integers.
 func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
 	cross := sc == crossSlotDecider
-	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, cross)), sc, reqs, cross), shortCall(reqs))
+	short, n := shortCall(reqs, cross), 0
+	if short {
+		n = len(reqs)
+	}
+	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, short)), sc, reqs, cross, short), n)
 }
 
 // explain returns the error of a decision that Redis did not make, saying

@@ -110,12 +110,12 @@ func TestServerWithoutScripting(t *testing.T) {
 }
 
 // callShape returns the number of requests and keys of a script call from
-// its arguments (see callArgs): the short form, of five arguments, is one
-// request of two keys.
+// its arguments (see callArgs): in the short form, whose ARGV[3] is a TTL
+// and not the long form's 0 or 1, a request of two keys per pair of keys.
 func callShape(args []any) (reqs, keys int) {
 	nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
-	if len(args)-3-nkeys == 5 {
-		return 1, nkeys
+	if third := fmt.Sprint(args[5+nkeys]); third != "0" && third != "1" {
+		return nkeys / 2, nkeys
 	}
 	reqs, _ = strconv.Atoi(fmt.Sprint(args[3+nkeys]))
 	extra, _ := strconv.Atoi(fmt.Sprint(args[4+nkeys]))
