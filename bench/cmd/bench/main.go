@@ -87,7 +87,19 @@ func run(args []string) error {
 	round := fs.Int("round", 1, "round number, copied into the JSON")
 	pool := fs.Int("pool", 0, "go-redis PoolSize (0: go-redis's default, 10 per GOMAXPROCS)")
 	flush := fs.Bool("flush", false, "FLUSHALL first (only for a server the bench owns)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	_ = fs.Parse(args)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	c, err := bench.Lookup(*name)
 	if err != nil {
 		return err
