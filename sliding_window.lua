@@ -14,8 +14,9 @@
 -- Go validates rate * window <= 2^53, so the product is exact in Lua's
 -- doubles. A strict limit admits it when the sum of its keys + cost <= rate.
 -- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
--- of a key that exists; a new key is SET with its TTL, which outlives every
--- window that reads it. Redis expires keys as of the script's start.
+-- of a key that exists; a new key (in the short form, also one at 0, given
+-- back) is SET with its TTL, which outlives every window that reads it.
+-- Redis expires keys as of the script's start.
 --
 -- What the script costs Redis is mostly invoking it (Redis makes a Lua
 -- string of every key and argument), each redis.call, and the tables it
