@@ -58,13 +58,9 @@ type batcher struct {
 	room    chan struct{} // closed when the queue shrinks; nil when no one waits for room
 }
 
-// maxInFlight calls may be in flight at once. While fewer are, a decision
-// goes at once, alone: at moderate concurrency (8 goroutines) Redis is not
-// the bottleneck and a decision that waits for a batch loses more time than
-// the batch saves Redis (bench/README.md, "How many calls in flight"). Past
-// it, decisions wait and go together: the slower Redis answers, the more of
-// them each call carries, which is when a call's saving matters.
-const maxInFlight = 8
+// maxInFlight calls may be in flight at once, so that Redis runs one while
+// the client hands out the results of another and gathers the next.
+const maxInFlight = 2
 
 // queuedCalls is how many calls' worth of requests (maxBatch each) may wait.
 const queuedCalls = 16

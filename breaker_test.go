@@ -252,7 +252,7 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 		defer l.t.one.batch.mu.Unlock()
 		return l.t.one.batch.sending == 0
 	}, 10*time.Second, time.Millisecond, "the batch's call ends")
-	require.Equal(t, append(slices.Repeat([]int{1}, maxInFlight), len(ids)), hook.calls(), "requests per script call: the queued decisions went together")
+	require.Equal(t, []int{1, 1, len(ids)}, hook.calls(), "requests per script call: the queued decisions went together")
 	return queued, held
 }
 

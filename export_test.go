@@ -3,9 +3,6 @@ package ratelimit
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits
 
-// MaxInFlight is how many script calls a batcher has in flight before decisions wait.
-const MaxInFlight = maxInFlight
-
 // The defaults the tests of package ratelimit_test check against.
 const (
 	DefaultBatch = defaultBatch
