@@ -101,10 +101,16 @@ if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
       prev = -1
     end
   end
-  if not (c and p) and call('EXISTS', keys[1], keys[2]) > (c and 1 or 0) + (p and 1 or 0) then
-    -- a key of another type
-    if not c and call('EXISTS', keys[1]) == 1 then cur = -1 end
-    if not p and call('EXISTS', keys[2]) == 1 then prev = -1 end
+  -- MGET reads a key of another type as absent
+  if not c and not p then
+    if call('EXISTS', keys[1], keys[2]) > 0 then
+      if call('EXISTS', keys[1]) == 1 then cur = -1 end
+      if call('EXISTS', keys[2]) == 1 then prev = -1 end
+    end
+  elseif not p then
+    if call('EXISTS', keys[2]) == 1 then prev = -1 end
+  elseif not c then
+    if call('EXISTS', keys[1]) == 1 then cur = -1 end
   end
   local cost, ok = tonumber(argv[4]), 0
   if cost > 0 and cur >= 0 and prev >= 0
