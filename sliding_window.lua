@@ -139,16 +139,22 @@ local function parse(v)
   return -1
 end
 
--- count returns the count a stored string holds, or -1; counts repeat too.
-local counts = {}
-local function count(v)
-  local c = counts[v]
-  if not c then
-    c = parse(v)
-    counts[v] = c
+-- memo returns f remembering its results: the arguments of a batch repeat
+-- ('1', the rate, the window), counts too, and tonumber is dear.
+local function memo(f)
+  local seen = {}
+  return function(s)
+    local v = seen[s]
+    if not v then
+      v = f(s)
+      seen[s] = v
+    end
+    return v
   end
-  return c
 end
+
+-- count returns the count a stored string holds, or -1.
+local count = memo(parse)
 
 -- foreign reports whether some key MGET read as absent (got[i] false)
 -- exists, so holds a value of another type.
@@ -210,17 +216,8 @@ if ttl ~= '0' and ttl ~= '1' then
   return long
 end
 
--- num returns the number a string argument holds: the arguments of a
--- batch repeat ('1', the rate, the window), and tonumber is dear.
-local nums = {}
-local function num(s)
-  local n = nums[s]
-  if not n then
-    n = tonumber(s)
-    nums[s] = n
-  end
-  return n
-end
+-- num returns the number a string argument holds.
+local num = memo(tonumber)
 
 local got, arg, nkeys = nil, 4, #keys
 if argv[2] == '0' then

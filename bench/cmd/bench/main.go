@@ -89,17 +89,11 @@ func run(args []string) error {
 	flush := fs.Bool("flush", false, "FLUSHALL first (only for a server the bench owns)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	_ = fs.Parse(args)
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	c, err := bench.Lookup(*name)
 	if err != nil {
 		return err
@@ -252,17 +246,11 @@ func hot(args []string) error {
 	if *account {
 		placer = new(bench.Placer)
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	res, err := bench.RunHot(ctx, bench.HotConfig{
 		Name: *mode, Servers: bench.NewHotOurs(*addr, *servers, limit, placer), Concurrency: *conc,
 		ID: "hot", Duration: *dur, Warmup: *warmup, Rate: *rate, Window: *window,
@@ -391,4 +379,24 @@ func printJSON(v any) error {
 	}
 	_, err = fmt.Printf("%s\n", b)
 	return err
+}
+
+// startCPUProfile starts a CPU profile written to path, if path is not
+// empty, and returns what stops it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
