@@ -265,24 +265,24 @@ func callLen(reqs []*request, short bool) int {
 }
 
 // shortCall reports whether a call of reqs goes in the script's short form:
-// each request is of one sliding limit, the same limit for all, and its
-// denial is not counted; in a call of several, no key repeats (the short
-// form does not show a request what the ones before it wrote), and the keys
-// are declared, so are of one slot.
+// each request asks one sliding limit, the same limit for all, with a cost
+// of 0 or more (no give-back) and its denial not counted; in a call of
+// several, no key repeats (the short form does not show a request what the
+// ones before it wrote), and the keys are declared, so are of one slot.
 func shortCall(reqs []*request, cross bool) bool {
-	first := &reqs[0].limits[0]
 	for _, r := range reqs {
 		if len(r.limits) != 1 || r.mode != modeCount || r.cost < 0 {
 			return false
 		}
-		a := &r.limits[0]
+		a, first := &r.limits[0], &reqs[0].limits[0]
 		if a.window <= 0 || a.rate != first.rate || a.window != first.window || a.ttl != first.ttl {
 			return false
 		}
 	}
-	// A TTL of 0 or 1 would read as the long form's ARGV[3]: see
-	// sliding_window.lua (newLimitArgs never makes one).
-	return first.ttl > 1 && (len(reqs) == 1 || !cross && !repeats(reqs))
+	// The script tells the forms apart by ARGV[3], the long form's 0 or 1
+	// and the short form's TTL: see sliding_window.lua (newLimitArgs makes
+	// none below 3 ms).
+	return reqs[0].limits[0].ttl > 1 && (len(reqs) == 1 || !cross && !repeats(reqs))
 }
 
 // callSize returns what a request adds to a call: its keys, and its keys and
@@ -386,10 +386,10 @@ func (noRetry) NoRetry() bool { return true }
 // eval sends args, an EVALSHA command of sc with its SHA at args[1], and
 // EVAL with the source if the server does not have the script. A NOSCRIPT
 // reply means the script did not run, so sending it again cannot count
-// twice. It returns the reply's integers in the long form's layout: for a
-// call of short requests in the short form (0 for the long form), whose
-// reply packs each request in one integer when it can, the flag and the two
-// counts unpacked from each.
+// twice. It returns the reply's integers in the long form's layout. short
+// is the number of requests of a call in the short form, whose reply packs
+// each request in one integer when it can (0 for the long form): their
+// flags and counts are unpacked.
 func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short int) ([]int64, error) {
 	cmd := newScriptCmd(ctx, args, short)
 	err := c.Process(ctx, noRetry{cmd})

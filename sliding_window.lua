@@ -25,16 +25,17 @@
 -- The short form: one or more requests, each against one sliding limit,
 -- the same limit for all, their keys all distinct, not counted when denied
 -- (the common decision, and a batch of them).
---   ARGV: the rate, the window in ms, the TTL in ms of a new key (at least
---     3 ms, which tells this form from the long one, whose ARGV[3] is 0 or
---     1), then per request its cost (0 looks without counting) and the ms
---     left in the current window as its clock read it.
+--   ARGV: the rate, the window in ms, the TTL in ms of a new key (never 0
+--     or 1, which tells this form from the long one, whose ARGV[3] is 0 or
+--     1; Go makes none below 3 ms), then per request its cost (0 looks
+--     without counting) and the ms left in the current window as its clock
+--     read it.
 --   KEYS: per request, the current window's key and the previous one's.
 --   Reply: per request, when both its counts are below 2^26, one integer,
 --     (current * 2^26 + previous) * 2 + (1 if allowed else 0), which spares
 --     Redis a table: for one request that integer itself, for several a list
 --     of them. If a count does not pack, the long form's reply.
-
+--
 -- The long form: one or more requests, decided in order, each against one or
 -- more limits (a request is allowed only if every limit admits it).
 --   ARGV[1]: the number of requests.
@@ -79,7 +80,8 @@ local argv, keys = ARGV, KEYS
 
 local ttl = argv[3]
 if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
-  -- the short form for one request: no table but MGET's, no function
+  -- the short form for one request: no table of its own (but for a reply
+  -- whose counts do not pack), no function
   local got = call('MGET', keys[1], keys[2])
   local c, p = got[1], got[2]
   local cur, prev = 0, 0

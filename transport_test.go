@@ -113,11 +113,23 @@ func TestServerWithoutScripting(t *testing.T) {
 // its arguments (see callArgs): in the short form, whose ARGV[3] is a TTL
 // and not the long form's 0 or 1, a request of two keys per pair of keys.
 func callShape(args []any) (reqs, keys int) {
-	nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
-	if third := fmt.Sprint(args[5+nkeys]); third != "0" && third != "1" {
+	nkeys, _ := strconv.Atoi(argString(args[2]))
+	if third := argString(args[5+nkeys]); third != "0" && third != "1" {
 		return nkeys / 2, nkeys
 	}
-	reqs, _ = strconv.Atoi(fmt.Sprint(args[3+nkeys]))
-	extra, _ := strconv.Atoi(fmt.Sprint(args[4+nkeys]))
+	reqs, _ = strconv.Atoi(argString(args[3+nkeys]))
+	extra, _ := strconv.Atoi(argString(args[4+nkeys]))
 	return reqs, nkeys + extra
+}
+
+// argString returns a script call's argument as go-redis writes it: callArgs
+// passes numbers and keys by pointer.
+func argString(a any) string {
+	switch a := a.(type) {
+	case *int64:
+		return strconv.FormatInt(*a, 10)
+	case *string:
+		return *a
+	}
+	return fmt.Sprint(a)
 }
