@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -217,62 +218,38 @@ func Run(ctx context.Context, cfg RunConfig) (RunResult, error) {
 		}()
 	}
 
-	time.Sleep(cfg.Warmup)
-	var before, after runtime.MemStats
 	// A server without INFO cpu and commandstats (miniredis) leaves the
 	// Redis figures at 0.
-	var redisBefore, redisAfter redisStats
-	var statsErr error
+	stats := client
 	if cfg.Contender.Offline {
-		statsErr = errors.New("offline")
-	} else {
-		redisBefore, statsErr = readRedisStats(ctx, client)
+		stats = nil
 	}
-	runtime.ReadMemStats(&before)
-	cpuBefore, cpuOK := processCPU()
-	phase.Store(phaseMeasure)
-	start := time.Now()
-	time.Sleep(cfg.Duration)
-	phase.Store(phaseStop)
-	elapsed := time.Since(start)
-	cpuAfter, _ := processCPU()
-	runtime.ReadMemStats(&after)
-	if statsErr == nil {
-		redisAfter, statsErr = readRedisStats(ctx, client)
-	}
+	m := measure(ctx, stats, &phase, cfg.Warmup, cfg.Duration)
 	wg.Wait()
 
-	var all histogram
+	var sum worker
 	for _, w := range workers {
-		res.Allowed += w.allowed
-		res.Denied += w.denied
-		res.Errors += w.errors
-		res.Degraded += w.degraded
-		res.Slow += w.slow
-		if w.firstErr != nil && res.FirstError == "" {
-			res.FirstError = w.firstErr.Error()
-		}
-		if w.firstDegraded != nil && res.FirstDegraded == "" {
-			res.FirstDegraded = w.firstDegraded.Error()
-		}
-		all.merge(&w.hist)
+		sum.add(w)
 	}
+	res.Allowed, res.Denied, res.Slow = sum.allowed, sum.denied, sum.slow
+	res.Errors, res.FirstError = sum.errors, errString(sum.firstErr)
+	res.Degraded, res.FirstDegraded = sum.degraded, errString(sum.firstDegraded)
 	res.Decisions = res.Allowed + res.Denied
-	res.Seconds = elapsed.Seconds()
-	res.PerSecond = float64(res.Decisions) / elapsed.Seconds()
-	res.P50 = all.quantile(0.50) / 1e3
-	res.P99 = all.quantile(0.99) / 1e3
-	if res.Decisions > 0 {
-		res.AllocsPerDecision = float64(after.Mallocs-before.Mallocs) / float64(res.Decisions)
-		res.BytesPerDecision = float64(after.TotalAlloc-before.TotalAlloc) / float64(res.Decisions)
-		if cpuOK {
-			res.ClientCPUPerDecision = (cpuAfter - cpuBefore).Seconds() * 1e6 / float64(res.Decisions)
+	res.Seconds = m.elapsed.Seconds()
+	res.PerSecond = float64(res.Decisions) / m.elapsed.Seconds()
+	res.P50 = sum.hist.quantile(0.50) / 1e3
+	res.P99 = sum.hist.quantile(0.99) / 1e3
+	if n := float64(res.Decisions); n > 0 {
+		res.AllocsPerDecision = float64(m.mallocs) / n
+		res.BytesPerDecision = float64(m.bytes) / n
+		if m.cpuOK {
+			res.ClientCPUPerDecision = m.cpu.Seconds() * 1e6 / n
 		}
-	}
-	if n := float64(res.Decisions); n > 0 && statsErr == nil {
-		res.RedisCPUPerDecision = (redisAfter.cpuUs - redisBefore.cpuUs) / n
-		res.ScriptCallsPerDecision = (redisAfter.scriptCalls - redisBefore.scriptCalls) / n
-		res.ScriptUsPerDecision = (redisAfter.scriptUs - redisBefore.scriptUs) / n
+		if m.redisErr == nil {
+			res.RedisCPUPerDecision = m.redis.cpuUs / n
+			res.ScriptCallsPerDecision = m.redis.scriptCalls / n
+			res.ScriptUsPerDecision = m.redis.scriptUs / n
+		}
 	}
 	res.Problem = check(res, cfg.Scenario, cfg.Contender.Offline)
 	res.OK = res.Problem == ""
@@ -332,16 +309,7 @@ func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool
 	ok, err := d.Allow(ctx, id)
 	took := time.Since(t0)
 	switch {
-	case errors.Is(err, ErrDegraded):
-		w.degraded++
-		if w.firstDegraded == nil {
-			w.firstDegraded = err
-		}
-	case err != nil:
-		w.errors++
-		if w.firstErr == nil {
-			w.firstErr = err
-		}
+	case w.failed(err):
 	case !measured:
 	case ok:
 		w.allowed++
@@ -351,6 +319,92 @@ func (w *worker) decide(ctx context.Context, d Decider, id string, measured bool
 		w.record(took)
 	}
 	return took
+}
+
+// failed tallies err, a degraded decision or a failed call, and reports
+// whether there was one.
+func (w *worker) failed(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrDegraded):
+		w.degraded++
+		if w.firstDegraded == nil {
+			w.firstDegraded = err
+		}
+	default:
+		w.errors++
+		if w.firstErr == nil {
+			w.firstErr = err
+		}
+	}
+	return true
+}
+
+// add adds o's tallies and latencies to w's; w keeps its first errors, if
+// any, over o's.
+func (w *worker) add(o *worker) {
+	w.allowed += o.allowed
+	w.denied += o.denied
+	w.errors += o.errors
+	w.degraded += o.degraded
+	w.slow += o.slow
+	w.firstErr = cmp.Or(w.firstErr, o.firstErr)
+	w.firstDegraded = cmp.Or(w.firstDegraded, o.firstDegraded)
+	w.hist.merge(&o.hist)
+}
+
+// errString returns err's message, or "" for nil.
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// measurement is what a run's measured time cost this process and, if it
+// was read (redisErr nil), the server: deltas over it.
+type measurement struct {
+	elapsed        time.Duration
+	mallocs, bytes uint64        // runtime.MemStats Mallocs and TotalAlloc
+	cpu            time.Duration // the process's CPU time, if cpuOK
+	cpuOK          bool
+	redis          redisStats
+	redisErr       error
+}
+
+// measure lets the workers run for warmup, then for d in phaseMeasure, then
+// stops them, reading the counters of this process and of stats (nil: none)
+// around the measured time.
+func measure(ctx context.Context, stats *redis.Client, phase *atomic.Int32, warmup, d time.Duration) measurement {
+	time.Sleep(warmup)
+	var m measurement
+	var redisBefore, redisAfter redisStats
+	m.redisErr = errors.New("no stats client")
+	if stats != nil {
+		redisBefore, m.redisErr = readRedisStats(ctx, stats)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	cpuBefore, cpuOK := processCPU()
+	phase.Store(phaseMeasure)
+	start := time.Now()
+	time.Sleep(d)
+	phase.Store(phaseStop)
+	m.elapsed = time.Since(start)
+	cpuAfter, _ := processCPU()
+	runtime.ReadMemStats(&after)
+	if m.redisErr == nil {
+		redisAfter, m.redisErr = readRedisStats(ctx, stats)
+	}
+	m.mallocs, m.bytes = after.Mallocs-before.Mallocs, after.TotalAlloc-before.TotalAlloc
+	m.cpu, m.cpuOK = cpuAfter-cpuBefore, cpuOK
+	m.redis = redisStats{
+		cpuUs:       redisAfter.cpuUs - redisBefore.cpuUs,
+		scriptCalls: redisAfter.scriptCalls - redisBefore.scriptCalls,
+		scriptUs:    redisAfter.scriptUs - redisBefore.scriptUs,
+	}
+	return m
 }
 
 func (w *worker) record(took time.Duration) {

@@ -206,65 +206,40 @@ func RunHot(ctx context.Context, cfg HotConfig) (HotResult, error) {
 		}()
 	}
 
-	time.Sleep(cfg.Warmup)
-	var redisBefore, redisAfter redisStats
-	statsErr := errors.New("no stats client")
-	if cfg.Stats != nil {
-		redisBefore, statsErr = readRedisStats(ctx, cfg.Stats)
-	}
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	cpuBefore, cpuOK := processCPU()
-	phase.Store(phaseMeasure)
-	start := time.Now()
-	time.Sleep(cfg.Duration)
-	phase.Store(phaseStop)
-	elapsed := time.Since(start)
-	cpuAfter, _ := processCPU()
-	runtime.ReadMemStats(&after)
-	if statsErr == nil {
-		redisAfter, statsErr = readRedisStats(ctx, cfg.Stats)
-	}
+	m := measure(ctx, cfg.Stats, &phase, cfg.Warmup, cfg.Duration)
 	wg.Wait()
 
-	var all histogram
+	var sum worker
 	var bySource [len(workers[0].bySource)]histogram
 	var calls []Call
 	for _, w := range workers {
-		res.Allowed += w.allowed
-		res.Denied += w.denied
-		res.Errors += w.errors
-		res.Degraded += w.degraded
-		if w.firstErr != nil && res.FirstError == "" {
-			res.FirstError = w.firstErr.Error()
-		}
-		if w.firstDegraded != nil && res.FirstDegraded == "" {
-			res.FirstDegraded = w.firstDegraded.Error()
-		}
-		all.merge(&w.hist)
+		sum.add(&w.worker)
 		for s := range bySource {
 			bySource[s].merge(&w.bySource[s])
 		}
 		calls = append(calls, w.admitted...)
 	}
+	res.Allowed, res.Denied = sum.allowed, sum.denied
+	res.Errors, res.FirstError = sum.errors, errString(sum.firstErr)
+	res.Degraded, res.FirstDegraded = sum.degraded, errString(sum.firstDegraded)
 	res.Decisions = res.Allowed + res.Denied
-	res.Seconds = elapsed.Seconds()
-	res.PerSecond = float64(res.Decisions) / elapsed.Seconds()
-	res.P50, res.P99 = all.quantile(0.50)/1e3, all.quantile(0.99)/1e3
+	res.Seconds = m.elapsed.Seconds()
+	res.PerSecond = float64(res.Decisions) / m.elapsed.Seconds()
+	res.P50, res.P99 = sum.hist.quantile(0.50)/1e3, sum.hist.quantile(0.99)/1e3
 	lease, rds := &bySource[ratelimit.SourceLease], &bySource[ratelimit.SourceRedis]
 	res.LeaseP50, res.LeaseP99 = lease.quantile(0.50)/1e3, lease.quantile(0.99)/1e3
 	res.RedisP50, res.RedisP99 = rds.quantile(0.50)/1e3, rds.quantile(0.99)/1e3
 	if n := float64(res.Decisions); n > 0 {
 		res.LeaseShare = float64(lease.n) / n
 		res.RedisShare = float64(rds.n) / n
-		res.AllocsPerDecision = float64(after.Mallocs-before.Mallocs) / n
-		if cpuOK {
-			res.ClientCPUPerDecision = (cpuAfter - cpuBefore).Seconds() * 1e6 / n
+		res.AllocsPerDecision = float64(m.mallocs) / n
+		if m.cpuOK {
+			res.ClientCPUPerDecision = m.cpu.Seconds() * 1e6 / n
 		}
-		if statsErr == nil {
+		if m.redisErr == nil {
 			res.RedisStats = true
-			res.ScriptCallsPer1000 = (redisAfter.scriptCalls - redisBefore.scriptCalls) / n * 1000
-			res.RedisCPUPerDecision = (redisAfter.cpuUs - redisBefore.cpuUs) / n
+			res.ScriptCallsPer1000 = m.redis.scriptCalls / n * 1000
+			res.RedisCPUPerDecision = m.redis.cpuUs / n
 		}
 	}
 	if cfg.Windows {
@@ -302,16 +277,7 @@ func (w *hotWorker) once(ctx context.Context, d Decider, id string, measured, tr
 	ok, err := d.Allow(ctx, id)
 	took := time.Since(t0)
 	switch {
-	case errors.Is(err, ErrDegraded):
-		w.degraded++
-		if w.firstDegraded == nil {
-			w.firstDegraded = err
-		}
-	case err != nil:
-		w.errors++
-		if w.firstErr == nil {
-			w.firstErr = err
-		}
+	case w.failed(err):
 	default:
 		if track && ok {
 			c := Call{Start: t0.UnixMilli(), End: t0.Add(took).UnixMilli(), At: noPlace}

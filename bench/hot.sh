@@ -52,39 +52,12 @@ MODES=${MODES:-unleased leased}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 
 cd "$(dirname "$0")"
-tmp=$(mktemp -d)
-redis_pid=
-cleanup() {
-	if [ -n "$redis_pid" ]; then
-		kill "$redis_pid" 2>/dev/null || true
-		wait "$redis_pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-echo "building..." >&2
-go build -o "$tmp/bench" ./cmd/bench
-bench=$tmp/bench
+. ./server.sh
 if [ "${GUBERNATOR:-0}" = 1 ]; then
 	(cd gubernator && GOWORK=off go build -o "$tmp/gubernator" .)
 fi
 
-# A port can be taken between freeport and the server's bind: try a few.
-for try in 1 2 3 4 5; do
-	port=$("$bench" freeport)
-	"$REDIS_SERVER" --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--daemonize no --loglevel warning --logfile "$tmp/redis.log" &
-	redis_pid=$!
-	addr=127.0.0.1:$port
-	if "$bench" ping -addr "$addr" -wait 5s 2>/dev/null && kill -0 "$redis_pid" 2>/dev/null; then
-		break
-	fi
-	kill "$redis_pid" 2>/dev/null || true
-	wait "$redis_pid" 2>/dev/null || true
-	redis_pid=
-	[ "$try" = 5 ] && { echo "redis-server would not start:" >&2; cat "$tmp/redis.log" >&2; exit 1; }
-done
+start_redis
 
 results=$tmp/results.jsonl
 : >"$results"
