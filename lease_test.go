@@ -294,10 +294,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("GivesBackAtWindowEnd", func(t *testing.T) {
 		e := mk(t)
 		l := leasingByHand(t, e)
-		for range 20 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 20)
 		w := e.windowIndex(time.Minute)
 		key := e.key("hot", time.Minute, w)
 		held, err := e.client.Get(ctx, key).Int64()
@@ -314,10 +311,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("GivesBackWhenQuiet", func(t *testing.T) {
 		e := mk(t)
 		l := leasingByHand(t, e)
-		for range 20 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 20)
 		key := e.key("hot", time.Minute, e.windowIndex(time.Minute))
 		held, err := e.client.Get(ctx, key).Int64()
 		require.NoError(t, err)
@@ -333,10 +327,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("Peek", func(t *testing.T) {
 		e := mk(t)
 		l, calls := hookedLimiter(t, e)
-		for range 10 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 10)
 		before := calls.n.Load()
 		r, err := l.Peek(ctx, "hot", leased)
 		require.NoError(t, err)
@@ -352,10 +343,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("Reset", func(t *testing.T) {
 		e := mk(t)
 		l := leasingByHand(t, e)
-		for range 10 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 10)
 		require.NoError(t, l.Reset(ctx, "hot", leased))
 		r, err := l.Allow(ctx, "hot", leased)
 		require.NoError(t, err)
@@ -438,10 +426,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("CostAboveRateNeverPasses", func(t *testing.T) {
 		e := mk(t)
 		l := leasing(t, e)
-		for range 10 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 10)
 		r, err := l.AllowN(ctx, "hot", leased, leased.Rate+1)
 		require.NoError(t, err)
 		require.False(t, r.Allowed)
@@ -452,10 +437,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 		e := mk(t)
 		l := leasingByHand(t, e)
 		ratelimit.SetMaxLeases(l, 1)
-		for range 2 { // leases of 1, then 2: one unit left
-			_, err := l.Allow(ctx, "a", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "a", leased, 2)    // leases of 1, then 2: one unit left
 		_, err := l.Allow(ctx, "b", leased) // evicts a's lease: its unit waits to go back
 		require.NoError(t, err)
 		require.NoError(t, l.Reset(ctx, "a", leased))
@@ -470,10 +452,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 	t.Run("ChargeEndsTheLease", func(t *testing.T) {
 		e := mk(t)
 		l := leasingByHand(t, e)
-		for range 20 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 20)
 		rs, err := l.Charge(ctx, "hot", []ratelimit.Limit{leased}, 5000)
 		require.NoError(t, err)
 		require.False(t, rs[0].Allowed)
@@ -496,10 +475,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 		}))
 		l := leasing(t, e, ratelimit.WithObserver(&src), ratelimit.WithFailurePolicy(ratelimit.FailClosed),
 			ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
-		for range 20 {
-			_, err := l.Allow(ctx, "hot", leased)
-			require.NoError(t, err)
-		}
+		allowTimes(t, l, "hot", leased, 20)
 		down.Store(true)
 		src.take()
 		served := 0
@@ -577,4 +553,13 @@ func TestLeaseRedisServer(t *testing.T) {
 func TestLeaseRedisCluster(t *testing.T) {
 	t.Parallel()
 	runLeaseSemantics(t, clusterEnv(t))
+}
+
+// allowTimes makes n decisions of id against limit on l, each without error.
+func allowTimes(t *testing.T, l *ratelimit.Limiter, id string, limit ratelimit.Limit, n int) {
+	t.Helper()
+	for range n {
+		_, err := l.Allow(context.Background(), id, limit)
+		require.NoError(t, err)
+	}
 }
