@@ -13,6 +13,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
@@ -213,6 +214,7 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 	t.Helper()
 	require.NotNil(t, l.t.one.batch, "batching is on by default for a *redis.Client")
 	require.Equal(t, maxInFlight, hook.hold)
+	BatchAlways(l) // from so few goroutines, decisions would go alone
 	out := make(chan outcome, maxInFlight+len(ids))
 	decide := func(ctx context.Context, id string) {
 		go func() {
@@ -254,6 +256,70 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 	}, 10*time.Second, time.Millisecond, "the batch's call ends")
 	require.Equal(t, []int{1, 1, len(ids)}, hook.calls(), "requests per script call: the queued decisions went together")
 	return queued, held
+}
+
+// While no more than fewDeciding decisions are under way, each goes alone at
+// once, whatever is in flight: with fewDeciding calls held, all of them are
+// in flight. One more decision then waits, and goes once they return; in a
+// burst after that, decisions batch.
+func TestFewDecisionsGoAlone(t *testing.T) {
+	t.Parallel()
+	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	require.NoError(t, client.ScriptLoad(context.Background(), slidingWindowSource).Err())
+	hook := newHeldCalls(fewDeciding)
+	client.AddHook(hook)
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hook.release) }) }) // if it fails first
+	l := New(client, WithTimeout(time.Minute))
+	b := l.t.one.batch
+	limit := PerMinute(10)
+	out := make(chan error, fewDeciding+1)
+	decide := func(id string) {
+		go func() {
+			_, err := l.Allow(context.Background(), id, limit)
+			out <- err
+		}()
+	}
+	for i := range fewDeciding {
+		decide(fmt.Sprint("alone-", i))
+		select {
+		case <-hook.held: // its call is in flight, although maxInFlight are
+		case <-time.After(10 * time.Second):
+			t.Fatalf("decision %d of %d was not sent at once", i+1, fewDeciding)
+		}
+	}
+	decide("one-more")
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.waiting == 1 && b.sending == fewDeciding
+	}, 10*time.Second, time.Millisecond, "the decision past fewDeciding waits")
+	release.Do(func() { close(hook.release) })
+	for range fewDeciding + 1 {
+		require.NoError(t, <-out)
+	}
+	want := slices.Repeat([]int{1}, fewDeciding+1)
+	require.Equal(t, want, hook.calls())
+
+	// A burst, all at once: past fewDeciding under way, decisions batch.
+	const burst = 8 * fewDeciding
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Go(func() {
+			<-start
+			_, err := l.Allow(context.Background(), fmt.Sprint("burst-", i), limit)
+			assert.NoError(t, err)
+		})
+	}
+	close(start)
+	wg.Wait()
+	calls := hook.calls()[len(want):]
+	require.Less(t, len(calls), burst, "no call carried two decisions")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Zero(t, b.sending)
 }
 
 // A batch that carries a request for an id whose key holds no count fails

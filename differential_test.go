@@ -412,11 +412,11 @@ func TestDifferentialRedisCluster(t *testing.T) {
 }
 
 // With lanes, several ids are decided at once, one goroutine each, so that
-// batching (on by default) puts decisions of single and several limits and
+// batching (on by default; see diffConfig.batched) puts decisions of single and several limits and
 // looks into one script call: on a Cluster, those of ids on one master.
 func TestDifferentialBatchedMiniredis(t *testing.T) {
 	t.Parallel()
-	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 8, batched: true, steps: 2000})
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 2 * ratelimit.FewDeciding, batched: true, steps: 2000})
 }
 
 func TestDifferentialBatchedRedisServer(t *testing.T) {
@@ -674,6 +674,9 @@ type diffConfig struct {
 	// and trace, in lock step on the shared clock; 0 means 1.
 	lanes int
 	// batched: check that some script calls carried several decisions.
+	// With no more lanes than ratelimit.FewDeciding, the batcher is made to
+	// batch them (it would send each alone); with more, it batches those
+	// past FewDeciding as it does in use.
 	batched bool
 	opts    []ratelimit.Option
 	// What opts set, for the model.
@@ -734,6 +737,9 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 		e.client = hookedClient(t, e.client, &calls)
 	}
 	l := e.limiter(c.opts...)
+	if c.batched && lanes <= ratelimit.FewDeciding {
+		ratelimit.BatchAlways(l)
+	}
 	m := newModel()
 	m.shadow, m.countDenied = c.shadow, c.countDenied
 	traces := make([][]op, lanes)

@@ -9,6 +9,20 @@ const (
 	MaxIDLength  = maxIDLength
 )
 
+// FewDeciding is fewDeciding: while no more decisions than that are under
+// way, a batcher sends each alone.
+const FewDeciding = fewDeciding
+
+// BatchAlways makes l's batchers batch decisions however few are under way,
+// for tests that need calls of several decisions from few goroutines. Call
+// it before l's first decision.
+func BatchAlways(l *Limiter) {
+	l.t.few = 0
+	if l.t.one != nil && l.t.one.batch != nil {
+		l.t.one.batch.few = 0
+	}
+}
+
 // IdleSweeps is how many sweeps give back an idle lease.
 const IdleSweeps = idleSweeps
 

@@ -24,6 +24,7 @@ type transport struct {
 	timeout  time.Duration // 0 or less: none
 	ctxAware bool          // the client stops at its ctx deadline by itself
 	maxBatch int           // requests per call; 1 or less: no batching
+	few      int64         // a batcher's fewDeciding: 0 (batch whatever the number) unless ctxAware
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -88,6 +89,9 @@ func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *
 		dials:           dialRecorder(client),
 		warn:            warn,
 	}
+	if t.ctxAware {
+		t.few = fewDeciding
+	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		t.cluster = c
@@ -105,7 +109,7 @@ func (t *transport) newServer(name string, c redis.UniversalClient, batch, cross
 		s.breaker = newBreaker(t.breakerFailures, t.breakerCooldown, t.now)
 	}
 	if batch {
-		s.batch = &batcher{t: t, srv: s, cross: cross, maxBatch: t.maxBatch, maxQueue: queuedCalls * t.maxBatch}
+		s.batch = &batcher{t: t, srv: s, cross: cross, maxBatch: t.maxBatch, maxQueue: queuedCalls * t.maxBatch, few: t.few}
 	}
 	return s
 }
