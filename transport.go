@@ -40,6 +40,7 @@ type transport struct {
 	crossOff   atomic.Bool          // the masters cannot run cross-slot scripts
 	nextReload atomic.Int64         // Unix ns before which the slot map is not reloaded again
 	checked    sync.Map             // names of the servers whose eviction policy was looked up
+	tick       atomic.Pointer[tick] // the last deadline made for a ctx that is never canceled
 }
 
 // server is one Redis server the transport sends calls to: the client's
@@ -331,7 +332,8 @@ func (t *transport) breakerOpen() bool {
 
 // deadline returns ctx bounded by the Limiter's timeout, and whether that
 // timeout set its deadline; ctx itself when its own deadline comes first or
-// there is no timeout.
+// there is no timeout. A ctx that is never canceled (its Done is nil:
+// context.Background, a worker's) gets a tickCtx.
 func (t *transport) deadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	if t.timeout <= 0 {
 		return ctx, noCancel, false
@@ -339,8 +341,64 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= t.timeout {
 		return ctx, noCancel, false
 	}
+	if ctx.Done() == nil {
+		return &tickCtx{Context: ctx, tick: t.tickAfter(time.Now(), t.timeout)}, noCancel, true
+	}
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	return ctx, cancel, true
+}
+
+// A tickCtx is a ctx that is never canceled, with a deadline: the end of a
+// tick, a span of tickLen. Every tickCtx of one tick shares its Done
+// channel, and one timer closes it at the tick's end: where
+// context.WithTimeout makes a context, a timer and a channel for each
+// decision (about 370 bytes), decisions that start within a tick of each
+// other make them once. The deadline is the timeout rounded up to a tick.
+type tickCtx struct {
+	context.Context // the caller's, whose Done is nil: its values
+	tick            *tick
+}
+
+// tick is the deadline that tickCtxs share: done closes at it.
+type tick struct {
+	end  int64     // Unix ns of the deadline, a multiple of tickLen
+	at   time.Time // the deadline
+	done chan struct{}
+}
+
+func (c *tickCtx) Deadline() (time.Time, bool) { return c.tick.at, true }
+
+func (c *tickCtx) Done() <-chan struct{} { return c.tick.done }
+
+func (c *tickCtx) Err() error {
+	select {
+	case <-c.tick.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// tickLen returns how long a tick of the transport's deadlines lasts: a
+// ms, or a sixteenth of a shorter timeout, so that rounding up to a tick
+// adds little to the timeout.
+func tickLen(timeout time.Duration) time.Duration {
+	return max(min(time.Millisecond, timeout/16), time.Microsecond)
+}
+
+// tickAfter returns the tick that ends at the first tick boundary at least
+// d after now: the last one made, if it is that one.
+func (t *transport) tickAfter(now time.Time, d time.Duration) *tick {
+	n := int64(tickLen(t.timeout))
+	end := now.UnixNano() + int64(d)
+	end += (n - end%n) % n
+	if k := t.tick.Load(); k != nil && k.end == end {
+		return k
+	}
+	k := &tick{end: end, at: now.Add(time.Duration(end - now.UnixNano())), done: make(chan struct{})}
+	time.AfterFunc(k.at.Sub(now), func() { close(k.done) })
+	t.tick.Store(k) // of two made at once, both serve; the last is kept
+	return k
 }
 
 func noCancel() {}

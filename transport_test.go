@@ -133,3 +133,61 @@ func argString(a any) string {
 	}
 	return fmt.Sprint(a)
 }
+
+// A decision whose ctx is never canceled gets a tickCtx: its deadline is the
+// timeout rounded up to a tick, its values are the caller's, decisions of
+// one tick share its Done, and Done closes at the deadline, Err then saying
+// so.
+func TestTickDeadline(t *testing.T) {
+	t.Parallel()
+	const timeout = 20 * time.Millisecond
+	tr := &transport{timeout: timeout}
+	type key struct{}
+	caller := context.WithValue(context.Background(), key{}, "v")
+	before := time.Now()
+	ctx, cancel, ours := tr.deadline(caller)
+	defer cancel()
+	require.True(t, ours)
+	require.IsType(t, &tickCtx{}, ctx)
+	d, ok := ctx.Deadline()
+	require.True(t, ok)
+	require.False(t, d.Before(before.Add(timeout)), "the deadline is at least the timeout away")
+	require.Less(t, d.Sub(time.Now()), timeout+tickLen(timeout), "and at most a tick more")
+	require.Equal(t, "v", ctx.Value(key{}))
+	long, cancelLong, _ := (&transport{timeout: time.Hour}).deadline(caller)
+	defer cancelLong()
+	require.NoError(t, long.Err(), "before its deadline")
+
+	// Within a few decisions, two fall in one tick and share it.
+	shared := false
+	for range 1000 {
+		a, _, _ := tr.deadline(caller)
+		b, _, _ := tr.deadline(caller)
+		da, _ := a.Deadline()
+		db, _ := b.Deadline()
+		if da.Equal(db) {
+			require.Equal(t, a.Done(), b.Done())
+			shared = true
+			break
+		}
+	}
+	require.True(t, shared, "no two decisions fell in one tick")
+
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done did not close")
+	}
+	require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded)
+	require.False(t, time.Now().Before(d), "Done closed before the deadline")
+	require.True(t, expired(ctx))
+
+	// A ctx that can be canceled keeps its own Done.
+	parent, stop := context.WithCancel(context.Background())
+	ctx, cancel, ours = tr.deadline(parent)
+	defer cancel()
+	require.True(t, ours)
+	require.NotEqual(t, "*ratelimit.tickCtx", fmt.Sprintf("%T", ctx))
+	stop()
+	require.ErrorIs(t, ctx.Err(), context.Canceled)
+}
