@@ -24,10 +24,10 @@ import (
 // goroutine. On a client that stops at its ctx deadline by itself (so that
 // a call costs no goroutine of its own), so is every decision while no more
 // than fewDeciding are under way, whatever is in flight: a batch of so few
-// would save Redis little and cost its decisions a round trip's wait. When a call returns and
-// decisions are waiting, a goroutine sends them, and the next batch after
-// that, and ends when none is waiting or more than maxInFlight calls are
-// in flight (the others then serve the queue).
+// would save Redis little and cost its decisions a round trip's wait. When
+// a call returns and decisions are waiting, a goroutine sends them, and the
+// next batch after that, and ends when none is waiting or more than
+// maxInFlight calls are in flight (the others then serve the queue).
 //
 // A waiting decision whose caller has left, or whose deadline has passed, is
 // dropped before the next call is built: a call carries only requests whose

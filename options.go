@@ -135,8 +135,11 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // Past it the decision goes to the failure policy. The bound holds whatever the client's own timeouts:
 // with a client whose ContextTimeoutEnabled is false (go-redis's default) the
 // Limiter stops waiting for the reply itself, and the client gives up on the
-// connection later, after its ReadTimeout. A d of zero or less removes the
-// limiter's deadline; then only the caller's ctx and the client bound it.
+// connection later, after its ReadTimeout. For a ctx that is never
+// canceled (context.Background), the deadline is d rounded up to the ms (or
+// to a sixteenth of a shorter d), so that decisions of one ms share a
+// timer. A d of zero or less removes the limiter's deadline; then only the
+// caller's ctx and the client bound it.
 //
 // A timeout cannot take back a script Redis has received: when Redis is
 // slow rather than gone, the script may still run after the deadline, and

@@ -342,7 +342,7 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 		return ctx, noCancel, false
 	}
 	if ctx.Done() == nil {
-		return &tickCtx{Context: ctx, tick: t.tickAfter(time.Now(), t.timeout)}, noCancel, true
+		return &tickCtx{Context: ctx, tick: t.tickAfter(time.Now())}, noCancel, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	return ctx, cancel, true
@@ -366,10 +366,9 @@ type tick struct {
 	done chan struct{}
 }
 
+// Deadline, Done and Err are the tick's; Value is the caller's.
 func (c *tickCtx) Deadline() (time.Time, bool) { return c.tick.at, true }
-
-func (c *tickCtx) Done() <-chan struct{} { return c.tick.done }
-
+func (c *tickCtx) Done() <-chan struct{}       { return c.tick.done }
 func (c *tickCtx) Err() error {
 	select {
 	case <-c.tick.done:
@@ -387,10 +386,10 @@ func tickLen(timeout time.Duration) time.Duration {
 }
 
 // tickAfter returns the tick that ends at the first tick boundary at least
-// d after now: the last one made, if it is that one.
-func (t *transport) tickAfter(now time.Time, d time.Duration) *tick {
+// the timeout after now: the last one made, if it is that one.
+func (t *transport) tickAfter(now time.Time) *tick {
 	n := int64(tickLen(t.timeout))
-	end := now.UnixNano() + int64(d)
+	end := now.UnixNano() + int64(t.timeout)
 	end += (n - end%n) % n
 	if k := t.tick.Load(); k != nil && k.end == end {
 		return k
