@@ -317,9 +317,51 @@ func TestFewDecisionsGoAlone(t *testing.T) {
 	wg.Wait()
 	calls := hook.calls()[len(want):]
 	require.Less(t, len(calls), burst, "no call carried two decisions")
+	// The last call hands out its replies before it counts itself out.
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.sending == 0
+	}, 10*time.Second, time.Millisecond, "the calls end")
+}
+
+// A call that ends while more than maxInFlight are in flight leaves the
+// waiting decisions to the others, whether it went alone (next) or was a
+// batch (flush); one that ends with maxInFlight or fewer in flight sends
+// them.
+func TestCallsPastMaxInFlightRetire(t *testing.T) {
+	t.Parallel()
+	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	l := New(client, WithTimeout(time.Minute))
+	b := l.t.one.batch
+	d := l.newTestDecision("waiting", PerMinute(10))
+	p := newPending(context.Background(), false, d.reqs)
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	require.Zero(t, b.sending)
+	b.queue, b.waiting, b.keys = []*pending{p}, len(p.reqs), p.keys
+	b.sending = maxInFlight + 2 // this call, and maxInFlight+1 others
+	b.mu.Unlock()
+
+	b.next()
+	b.flush()
+	b.mu.Lock()
+	require.Equal(t, maxInFlight, b.sending, "both calls retired")
+	require.Len(t, b.queue, 1, "and left the decision waiting")
+	b.mu.Unlock()
+
+	b.next() // maxInFlight in flight, this one among them: it sends
+	select {
+	case r := <-p.done:
+		require.NoError(t, r.err)
+		require.True(t, r.replies[0].allowed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting decision was not sent")
+	}
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.sending == maxInFlight-1 && len(b.queue) == 0
+	}, 10*time.Second, time.Millisecond, "the call that sent it ends")
 }
 
 // A batch that carries a request for an id whose key holds no count fails

@@ -136,10 +136,11 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // with a client whose ContextTimeoutEnabled is false (go-redis's default) the
 // Limiter stops waiting for the reply itself, and the client gives up on the
 // connection later, after its ReadTimeout. For a ctx that is never
-// canceled (context.Background), the deadline is d rounded up to the ms (or
-// to a sixteenth of a shorter d), so that decisions of one ms share a
-// timer. A d of zero or less removes the limiter's deadline; then only the
-// caller's ctx and the client bound it.
+// canceled (context.Background), the deadline is d rounded up by at most a
+// ms or a thousandth of d, whichever is more (a sixteenth of a d under
+// 16 ms), so that the decisions of that span share one timer. A d of zero
+// or less removes the limiter's deadline; then only the caller's ctx and
+// the client bound it.
 //
 // A timeout cannot take back a script Redis has received: when Redis is
 // slow rather than gone, the script may still run after the deadline, and

@@ -41,6 +41,7 @@ type transport struct {
 	nextReload atomic.Int64         // Unix ns before which the slot map is not reloaded again
 	checked    sync.Map             // names of the servers whose eviction policy was looked up
 	tick       atomic.Pointer[tick] // the last deadline made for a ctx that is never canceled
+	epoch      time.Time            // ticks count from here, on the monotonic clock
 }
 
 // server is one Redis server the transport sends calls to: the client's
@@ -87,6 +88,7 @@ func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *
 		breakerFailures: cfg.breakerFailures,
 		breakerCooldown: cfg.breakerCooldown,
 		now:             time.Now,
+		epoch:           time.Now(),
 		dials:           dialRecorder(client),
 		warn:            warn,
 	}
@@ -341,7 +343,7 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= t.timeout {
 		return ctx, noCancel, false
 	}
-	if ctx.Done() == nil {
+	if ctx.Done() == nil && t.timeout <= maxTickTimeout {
 		return &tickCtx{Context: ctx, tick: t.tickAfter(time.Now())}, noCancel, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
@@ -354,6 +356,8 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 // context.WithTimeout makes a context, a timer and a channel for each
 // decision (about 370 bytes), decisions that start within a tick of each
 // other make them once. The deadline is the timeout rounded up to a tick.
+// A tick's timer lives until its end, not until its decisions end: at most
+// 1,024 ticks (the timeout over tickLen) are waiting at once.
 type tickCtx struct {
 	context.Context // the caller's, whose Done is nil: its values
 	tick            *tick
@@ -361,7 +365,7 @@ type tickCtx struct {
 
 // tick is the deadline that tickCtxs share: done closes at it.
 type tick struct {
-	end  int64     // Unix ns of the deadline, a multiple of tickLen
+	end  int64     // ns since the transport's epoch, a multiple of tickLen
 	at   time.Time // the deadline
 	done chan struct{}
 }
@@ -378,23 +382,30 @@ func (c *tickCtx) Err() error {
 	}
 }
 
+// maxTickTimeout bounds the timeouts whose deadlines are ticks: a longer
+// one gets context.WithTimeout (and no tick that ends past an int64 of ns).
+const maxTickTimeout = time.Hour
+
 // tickLen returns how long a tick of the transport's deadlines lasts: a
-// ms, or a sixteenth of a shorter timeout, so that rounding up to a tick
-// adds little to the timeout.
+// ms, or a thousandth of a longer timeout, or a sixteenth of one under
+// 16 ms, so that rounding up to a tick adds little to the timeout and at
+// most 1,024 ticks wait at once.
 func tickLen(timeout time.Duration) time.Duration {
-	return max(min(time.Millisecond, timeout/16), time.Microsecond)
+	return max(timeout/1024, min(time.Millisecond, timeout/16), time.Nanosecond)
 }
 
 // tickAfter returns the tick that ends at the first tick boundary at least
-// the timeout after now: the last one made, if it is that one.
+// the timeout after now: the last one made, if it is that one. Ticks count
+// on the monotonic clock, from the transport's epoch: a wall clock set back
+// cannot bring back a tick that has ended.
 func (t *transport) tickAfter(now time.Time) *tick {
 	n := int64(tickLen(t.timeout))
-	end := now.UnixNano() + int64(t.timeout)
+	end := int64(now.Sub(t.epoch) + t.timeout)
 	end += (n - end%n) % n
 	if k := t.tick.Load(); k != nil && k.end == end {
 		return k
 	}
-	k := &tick{end: end, at: now.Add(time.Duration(end - now.UnixNano())), done: make(chan struct{})}
+	k := &tick{end: end, at: t.epoch.Add(time.Duration(end)), done: make(chan struct{})}
 	time.AfterFunc(k.at.Sub(now), func() { close(k.done) })
 	t.tick.Store(k) // of two made at once, both serve; the last is kept
 	return k

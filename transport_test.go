@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"testing"
@@ -141,7 +142,7 @@ func argString(a any) string {
 func TestTickDeadline(t *testing.T) {
 	t.Parallel()
 	const timeout = 20 * time.Millisecond
-	tr := &transport{timeout: timeout}
+	tr := &transport{timeout: timeout, epoch: time.Now()}
 	type key struct{}
 	caller := context.WithValue(context.Background(), key{}, "v")
 	before := time.Now()
@@ -154,7 +155,7 @@ func TestTickDeadline(t *testing.T) {
 	require.False(t, d.Before(before.Add(timeout)), "the deadline is at least the timeout away")
 	require.Less(t, time.Until(d), timeout+tickLen(timeout), "and at most a tick more")
 	require.Equal(t, "v", ctx.Value(key{}))
-	long, cancelLong, _ := (&transport{timeout: time.Hour}).deadline(caller)
+	long, cancelLong, _ := (&transport{timeout: time.Hour, epoch: time.Now()}).deadline(caller)
 	defer cancelLong()
 	require.NoError(t, long.Err(), "before its deadline")
 
@@ -181,6 +182,17 @@ func TestTickDeadline(t *testing.T) {
 	require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded)
 	require.False(t, time.Now().Before(d), "Done closed before the deadline")
 	require.True(t, expired(ctx))
+
+	// A timeout too long for ticks, up to the longest there is, gets a
+	// deadline of its own, not one in the past.
+	for _, d := range []time.Duration{maxTickTimeout + time.Nanosecond, math.MaxInt64} {
+		huge, cancelHuge, _ := (&transport{timeout: d, epoch: time.Now()}).deadline(caller)
+		defer cancelHuge()
+		require.NoError(t, huge.Err(), "timeout %v", d)
+		until, ok := huge.Deadline()
+		require.True(t, ok)
+		require.True(t, until.After(time.Now().Add(time.Minute)), "timeout %v: deadline %v", d, until)
+	}
 
 	// A ctx that can be canceled keeps its own Done.
 	parent, stop := context.WithCancel(context.Background())
