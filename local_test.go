@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -14,13 +13,14 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/clock"
 )
 
-// closedMiniredis returns a client of a miniredis closed at once: a Redis
-// down all along, which refuses connections (no dial keeps retrying).
-func closedMiniredis(t *testing.T) *redis.Client {
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+// refusingClient returns a client of an address where nothing listens: a
+// Redis down all along, which refuses connections (no dial keeps retrying).
+// Port 1 is below the ephemeral ports the tests' servers take: the port of
+// a server closed at once could be taken by another test's running in
+// parallel, which then answered.
+func refusingClient(t *testing.T) *redis.Client {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	mr.Close()
 	return client
 }
 
@@ -31,7 +31,7 @@ func closedMiniredis(t *testing.T) *redis.Client {
 func TestFailLocalMatchesModel(t *testing.T) {
 	t.Parallel()
 	const replicas = 3
-	client := closedMiniredis(t)
+	client := refusingClient(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
 		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
@@ -78,7 +78,7 @@ func TestFailLocalMatchesModel(t *testing.T) {
 func TestFailLocalMatchesModelMixed(t *testing.T) {
 	t.Parallel()
 	const replicas = 3
-	client := closedMiniredis(t)
+	client := refusingClient(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now),
 		ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(replicas),
@@ -127,7 +127,7 @@ func TestFailLocalMatchesModelMixed(t *testing.T) {
 // together admit about the limit while Redis is down: each its quarter.
 func TestFailLocalShares(t *testing.T) {
 	t.Parallel()
-	client := closedMiniredis(t)
+	client := refusingClient(t)
 	clk := clock.NewFake(epoch)
 	limit := ratelimit.PerMinute(100)
 	total := 0
@@ -153,7 +153,7 @@ func TestFailLocalShares(t *testing.T) {
 // counted, which would forget that count.
 func TestFailLocalLateCaller(t *testing.T) {
 	t.Parallel()
-	client := closedMiniredis(t)
+	client := refusingClient(t)
 	clk := clock.NewFake(epoch)
 	l := ratelimit.New(client, ratelimit.WithClock(clk.Now), ratelimit.WithFailurePolicy(ratelimit.FailLocal),
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
