@@ -52,10 +52,9 @@ import (
 type batcher struct {
 	t        *transport
 	srv      *server
-	cross    bool  // batches go to one Cluster master's own client, across slots
-	maxBatch int   // requests per call
-	maxQueue int   // requests waiting, at most
-	few      int64 // decisions under way that each go alone: fewDeciding or 0
+	cross    bool // batches go to one Cluster master's own client, across slots
+	maxBatch int  // requests per call
+	maxQueue int  // requests waiting, at most
 
 	deciding atomic.Int64 // decisions in decide
 
@@ -115,11 +114,11 @@ type batchReply struct {
 // replies in out, or returns ctx's error if ctx is done first; the requests
 // may then still be decided, and counted, by a call already under way.
 func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []reply) error {
-	few := b.deciding.Add(1) <= b.few
+	few := b.deciding.Add(1) <= int64(b.t.few)
 	defer b.deciding.Add(-1)
 	b.mu.Lock()
 	for {
-		if len(b.queue) == 0 && (b.sending < maxInFlight || few && b.sending < int(b.few)) {
+		if len(b.queue) == 0 && (b.sending < maxInFlight || few && b.sending < b.t.few) {
 			// Room for a call and no one waiting: send at once on this
 			// goroutine, through the client itself.
 			b.sending++

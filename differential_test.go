@@ -412,8 +412,9 @@ func TestDifferentialRedisCluster(t *testing.T) {
 }
 
 // With lanes, several ids are decided at once, one goroutine each, so that
-// batching (on by default; see diffConfig.batched) puts decisions of single and several limits and
-// looks into one script call: on a Cluster, those of ids on one master.
+// batching (on by default; see diffConfig.batched) puts decisions of single
+// and several limits and looks into one script call: on a Cluster, those of
+// ids on one master.
 func TestDifferentialBatchedMiniredis(t *testing.T) {
 	t.Parallel()
 	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 2 * ratelimit.FewDeciding, batched: true, steps: 2000})

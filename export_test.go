@@ -18,9 +18,6 @@ const FewDeciding = fewDeciding
 // it before l's first decision.
 func BatchAlways(l *Limiter) {
 	l.t.few = 0
-	if l.t.one != nil && l.t.one.batch != nil {
-		l.t.one.batch.few = 0
-	}
 }
 
 // IdleSweeps is how many sweeps give back an idle lease.

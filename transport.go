@@ -24,7 +24,7 @@ type transport struct {
 	timeout  time.Duration // 0 or less: none
 	ctxAware bool          // the client stops at its ctx deadline by itself
 	maxBatch int           // requests per call; 1 or less: no batching
-	few      int64         // a batcher's fewDeciding: 0 (batch whatever the number) unless ctxAware
+	few      int           // decisions under way that a batcher sends each alone: fewDeciding if ctxAware, else 0
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -112,7 +112,7 @@ func (t *transport) newServer(name string, c redis.UniversalClient, batch, cross
 		s.breaker = newBreaker(t.breakerFailures, t.breakerCooldown, t.now)
 	}
 	if batch {
-		s.batch = &batcher{t: t, srv: s, cross: cross, maxBatch: t.maxBatch, maxQueue: queuedCalls * t.maxBatch, few: t.few}
+		s.batch = &batcher{t: t, srv: s, cross: cross, maxBatch: t.maxBatch, maxQueue: queuedCalls * t.maxBatch}
 	}
 	return s
 }

@@ -199,7 +199,8 @@ func TestTickDeadline(t *testing.T) {
 	ctx, cancel, ours = tr.deadline(parent)
 	defer cancel()
 	require.True(t, ours)
-	require.NotEqual(t, "*ratelimit.tickCtx", fmt.Sprintf("%T", ctx))
+	_, isTick := ctx.(*tickCtx)
+	require.False(t, isTick)
 	stop()
 	require.ErrorIs(t, ctx.Err(), context.Canceled)
 }
