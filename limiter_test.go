@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
 )
 
 func TestSemanticsMiniredis(t *testing.T) {
@@ -597,4 +598,33 @@ func TestLeastPrivilege(t *testing.T) {
 		runSemantics(t, mk)
 		runDifferential(t, mk(t), diffConfig{pool: realPool, lanes: 8, batched: true, realTime: true})
 	})
+}
+
+// An error a command of the script meets that is not a key of another type
+// (here a user not granted GET: NOPERM) is the call's error, not a foreign
+// value: the request is not reported as ErrBadReply, and nothing is written.
+// The script reads one request's keys with redis.pcall, which hands it every
+// error; it must pass on all but WRONGTYPE.
+func TestScriptCommandErrorIsNotForeign(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	args := []any{"ACL", "SETUSER", "noget", "reset", "on", ">secret", "~nokeys-*", "resetchannels"}
+	for _, rule := range strings.Fields(limiterACL) {
+		if rule != "+get" {
+			args = append(args, rule)
+		}
+	}
+	require.NoError(t, admin.Do(ctx, args...).Err())
+	client := newClient(t, &redis.Options{Addr: srv.Addr, Username: "noget", Password: "secret"})
+	l := ratelimit.New(client, ratelimit.WithPrefix("nokeys-"), ratelimit.WithFailurePolicy(ratelimit.FailClosed),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	res, err := l.Allow(ctx, "id", ratelimit.PerMinute(10))
+	require.ErrorContains(t, err, "can't run this command") // NOPERM, as Redis words it in a script
+	require.NotErrorIs(t, err, ratelimit.ErrBadReply)
+	require.False(t, res.Allowed)
+	n, err := admin.DBSize(ctx).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the failed call wrote a key")
 }

@@ -7,7 +7,8 @@
 -- key of another type) fails the request that reads it alone: it is denied,
 -- nothing of it is written, and its reply says -1 for that key, so that one
 -- foreign key decides no other request of the call. MGET reads a key of
--- another type as absent: the keys it reads as absent are asked EXISTS.
+-- another type as absent: the keys it reads as absent are asked EXISTS (the
+-- short form for one request reads its two keys with GET instead).
 --
 -- A sliding limit admits a request when
 --   current + floor(previous * left / window) + cost <= rate.
@@ -81,15 +82,22 @@ local argv, keys = ARGV, KEYS
 local ttl = argv[3]
 if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
   -- the short form for one request: no table of its own (but for a reply
-  -- whose counts do not pack), no function
-  local got = call('MGET', keys[1], keys[2])
-  local c, p = got[1], got[2]
+  -- whose counts do not pack), no function, and what it can of its
+  -- arguments left unconverted (tonumber is dear: it calls strtod)
+  local pcall = redis.pcall
+  -- GET, unlike MGET, tells a key of another type (WRONGTYPE, in an error
+  -- table, whose length is 0 as the empty string's) from an absent key,
+  -- without an EXISTS; two GETs cost Redis less than MGET and EXISTS.
+  local c, p = pcall('GET', keys[1]), pcall('GET', keys[2])
   local cur, prev = 0, 0
   -- 2^53 has 16 digits: a longer string is more, and one of 16 digits is
   -- compared as a string, since its double may have been rounded to 2^53.
   if c then
     local n = #c
-    if c == '0' or (n < 16 or n == 16 and c <= '9007199254740992') and find(c, '^[1-9]%d*$') then
+    if n == 0 then
+      if type(c) == 'table' and string.sub(c.err, 1, 9) ~= 'WRONGTYPE' then return c end
+      cur = -1
+    elseif c == '0' or (n < 16 or n == 16 and c <= '9007199254740992') and find(c, '^[1-9]%d*$') then
       cur = tonumber(c)
     else
       cur = -1
@@ -97,33 +105,31 @@ if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
   end
   if p then
     local n = #p
-    if p == '0' or (n < 16 or n == 16 and p <= '9007199254740992') and find(p, '^[1-9]%d*$') then
+    if n == 0 then
+      if type(p) == 'table' and string.sub(p.err, 1, 9) ~= 'WRONGTYPE' then return p end
+      prev = -1
+    elseif p == '0' or (n < 16 or n == 16 and p <= '9007199254740992') and find(p, '^[1-9]%d*$') then
       prev = tonumber(p)
     else
       prev = -1
     end
   end
-  -- MGET reads a key of another type as absent
-  if not c and not p then
-    if call('EXISTS', keys[1], keys[2]) > 0 then
-      if call('EXISTS', keys[1]) == 1 then cur = -1 end
-      if call('EXISTS', keys[2]) == 1 then prev = -1 end
+  local cost, ok = argv[4], 0
+  if cost == '1' then cost = 1 else cost = tonumber(cost) end
+  if cost > 0 and cur >= 0 and prev >= 0 then
+    -- the previous window weighs nothing when it is empty: its time left
+    -- and the window are read only when it is not
+    local used = cur
+    if prev > 0 then used = cur + floor(prev * tonumber(argv[5]) / tonumber(argv[2])) end
+    if used + cost <= tonumber(argv[1]) then
+      -- a key at 0 is new or was given back: its TTL may start again
+      if cur > 0 then
+        call('INCRBY', keys[1], argv[4])
+      else
+        call('SET', keys[1], argv[4], 'PX', ttl)
+      end
+      ok = 1
     end
-  elseif not p then
-    if call('EXISTS', keys[2]) == 1 then prev = -1 end
-  elseif not c then
-    if call('EXISTS', keys[1]) == 1 then cur = -1 end
-  end
-  local cost, ok = tonumber(argv[4]), 0
-  if cost > 0 and cur >= 0 and prev >= 0
-      and cur + floor(prev * tonumber(argv[5]) / tonumber(argv[2])) + cost <= tonumber(argv[1]) then
-    -- a key at 0 is new or was given back: its TTL may start again
-    if cur > 0 then
-      call('INCRBY', keys[1], argv[4])
-    else
-      call('SET', keys[1], argv[4], 'PX', ttl)
-    end
-    ok = 1
   end
   if cur >= 0 and prev >= 0 and cur < 67108864 and prev < 67108864 then
     return (cur * 67108864 + prev) * 2 + ok
