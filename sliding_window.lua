@@ -198,9 +198,11 @@ if ttl ~= '0' and ttl ~= '1' then
   local reply, packs = {}, true
   for i = 1, #keys / 2 do
     local cur, prev, a = got[2 * i - 1], got[2 * i], 2 + 2 * i
-    local cost, ok = tonumber(argv[a]), 0
-    if cost > 0 and cur >= 0 and prev >= 0
-        and cur + floor(prev * tonumber(argv[a + 1]) / window) + cost <= rate then
+    local cost, ok = argv[a], 0
+    if cost == '1' then cost = 1 else cost = tonumber(cost) end
+    local used = cur
+    if prev > 0 then used = cur + floor(prev * tonumber(argv[a + 1]) / window) end
+    if cost > 0 and cur >= 0 and prev >= 0 and used + cost <= rate then
       if cur > 0 then
         call('INCRBY', keys[2 * i - 1], argv[a])
       else
