@@ -24,7 +24,7 @@ type transport struct {
 	timeout  time.Duration // 0 or less: none
 	ctxAware bool          // the client stops at its ctx deadline by itself
 	maxBatch int           // requests per call; 1 or less: no batching
-	few      int           // decisions under way that a batcher sends each alone: fewDeciding if ctxAware, else 0
+	few      int           // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -85,15 +85,13 @@ func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *
 		timeout:         cfg.timeout,
 		ctxAware:        honoursContext(client),
 		maxBatch:        cfg.batchMax,
+		few:             fewDeciding,
 		breakerFailures: cfg.breakerFailures,
 		breakerCooldown: cfg.breakerCooldown,
 		now:             time.Now,
 		epoch:           time.Now(),
 		dials:           dialRecorder(client),
 		warn:            warn,
-	}
-	if t.ctxAware {
-		t.few = fewDeciding
 	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
