@@ -23,10 +23,10 @@ import (
 // a call and no one waiting is sent at once, alone, on its caller's
 // goroutine. So is every decision while no more than fewDeciding are under
 // way, whatever is in flight: a batch of so few would save Redis little and
-// cost its decisions a round trip's wait. When
-// a call returns and decisions are waiting, a goroutine sends them, and the
-// next batch after that, and ends when none is waiting or more than
-// maxInFlight calls are in flight (the others then serve the queue).
+// cost its decisions a round trip's wait. When a call returns and decisions
+// are waiting, a goroutine sends them, and the next batch after that, and
+// ends when none is waiting or more than maxInFlight calls are in flight
+// (the others then serve the queue).
 //
 // A waiting decision whose caller has left, or whose deadline has passed, is
 // dropped before the next call is built: a call carries only requests whose
