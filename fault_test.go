@@ -62,6 +62,18 @@ func TestLostReplyIsNotRetried(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, res.Degraded)
 			require.Equal(t, int64(2), res.Count)
+
+			// Two limits go in the script's long form, a command of
+			// another kind: not sent twice either.
+			sent = proxy.Commands("evalsha")
+			proxy.DropNextReply("evalsha")
+			both := []ratelimit.Limit{limit, ratelimit.PerMinute(10)}
+			all, err := l.AllowAll(ctx, "both", both, 1)
+			require.Len(t, all, 2)
+			require.NoError(t, p.degraded(limit, all[0], err))
+			require.Equal(t, 1, proxy.Commands("evalsha")-sent, "the long form was sent once")
+			require.Equal(t, int64(1), e.get(t, "both", time.Hour, e.windowIndex(time.Hour)),
+				"the long form ran once and counted the request once")
 		})
 	}
 

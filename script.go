@@ -373,15 +373,22 @@ func (a *limitArgs) limit() Limit {
 	return Limit{Rate: a.rate, Window: time.Duration(subs*sub) * time.Millisecond, Strict: true}
 }
 
-// noRetry marks the script's command as one go-redis must not send again
-// once it may have reached the server. go-redis retries a command whose
-// reply was lost (an EOF, a reset), but the script may have run and counted
-// the request: a second run would count it twice. A lost reply becomes a
-// failure for the policy to decide instead.
-type noRetry struct{ redis.Cmder }
+// noRetry and noRetryInts mark the script's command as one go-redis must
+// not send again once it may have reached the server. go-redis retries a
+// command whose reply was lost (an EOF, a reset), but the script may have
+// run and counted the request: a second run would count it twice. A lost
+// reply becomes a failure for the policy to decide instead. Each holds a
+// pointer and nothing else, so that a Cmder of one allocates nothing.
+type (
+	noRetry     struct{ *redis.Cmd }
+	noRetryInts struct{ *redis.IntSliceCmd }
+)
 
 // NoRetry tells go-redis not to send the command twice.
 func (noRetry) NoRetry() bool { return true }
+
+// NoRetry tells go-redis not to send the command twice.
+func (noRetryInts) NoRetry() bool { return true }
 
 // eval sends args, an EVALSHA command of sc with its SHA at args[1], and
 // EVAL with the source if the server does not have the script. A NOSCRIPT
@@ -392,36 +399,36 @@ func (noRetry) NoRetry() bool { return true }
 // flags and counts are unpacked.
 func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short int) ([]int64, error) {
 	cmd := newScriptCmd(ctx, args, short)
-	err := c.Process(ctx, noRetry{cmd})
+	err := c.Process(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		args[0], args[1] = "eval", sc.src
 		cmd = newScriptCmd(ctx, args, short)
-		err = c.Process(ctx, noRetry{cmd})
+		err = c.Process(ctx, cmd)
 	}
 	if err != nil {
 		return nil, classify(err)
 	}
-	if cmd, ok := cmd.(*redis.IntSliceCmd); ok {
+	if cmd, ok := cmd.(noRetryInts); ok {
 		if short > 1 && len(cmd.Val()) == short {
 			return unpackAll(cmd.Val())
 		}
 		return cmd.Val(), nil
 	}
-	return unpack(cmd.(*redis.Cmd).Val())
+	return unpack(cmd.(noRetry).Val())
 }
 
 // newScriptCmd returns the command of a script call of args: for one short
 // request, one that takes an integer or a list; otherwise one that takes a
-// list of integers.
+// list of integers. Neither is sent twice.
 func newScriptCmd(ctx context.Context, args []any, short int) redis.Cmder {
 	if short == 1 {
 		cmd := redis.NewCmd(ctx, args...)
 		cmd.SetFirstKeyPos(3)
-		return cmd
+		return noRetry{cmd}
 	}
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
-	return cmd
+	return noRetryInts{cmd}
 }
 
 // packedCount is the bound of each count a short-form reply packs in one
