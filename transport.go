@@ -342,7 +342,11 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 		return ctx, noCancel, false
 	}
 	if ctx.Done() == nil && t.timeout <= maxTickTimeout {
-		return &tickCtx{Context: ctx, tick: t.tickAfter(time.Now())}, noCancel, true
+		k := t.tickAfter(time.Now())
+		if ctx == context.Background() { // a worker's: the tick's own
+			return &k.background, noCancel, true
+		}
+		return &tickCtx{Context: ctx, tick: k}, noCancel, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	return ctx, cancel, true
@@ -361,11 +365,14 @@ type tickCtx struct {
 	tick            *tick
 }
 
-// tick is the deadline that tickCtxs share: done closes at it.
+// tick is the deadline that tickCtxs share: done closes at it. background
+// is its tickCtx of context.Background, which every decision of the tick
+// made with that ctx shares.
 type tick struct {
-	end  int64     // ns since the transport's epoch, a multiple of tickLen
-	at   time.Time // the deadline
-	done chan struct{}
+	end        int64     // ns since the transport's epoch, a multiple of tickLen
+	at         time.Time // the deadline
+	done       chan struct{}
+	background tickCtx
 }
 
 // Deadline, Done and Err are the tick's; Value is the caller's.
@@ -404,6 +411,7 @@ func (t *transport) tickAfter(now time.Time) *tick {
 		return k
 	}
 	k := &tick{end: end, at: t.epoch.Add(time.Duration(end)), done: make(chan struct{})}
+	k.background = tickCtx{Context: context.Background(), tick: k}
 	time.AfterFunc(k.at.Sub(now), func() { close(k.done) })
 	t.tick.Store(k) // of two made at once, both serve; the last is kept
 	return k

@@ -137,7 +137,8 @@ func argString(a any) string {
 
 // A decision whose ctx is never canceled gets a tickCtx: its deadline is the
 // timeout rounded up to a tick, its values are the caller's, decisions of
-// one tick share its Done, and Done closes at the deadline, Err then saying
+// one tick share its Done (those of context.Background its tickCtx), and
+// Done closes at the deadline, Err then saying
 // so.
 func TestTickDeadline(t *testing.T) {
 	t.Parallel()
@@ -173,6 +174,19 @@ func TestTickDeadline(t *testing.T) {
 		}
 	}
 	require.True(t, shared, "no two decisions fell in one tick")
+	// Those of context.Background share the tick's own tickCtx.
+	shared = false
+	for range 1000 {
+		a, _, _ := tr.deadline(context.Background())
+		b, _, _ := tr.deadline(context.Background())
+		if da, _ := a.Deadline(); da.Equal(ctxDeadline(b)) {
+			require.Same(t, a, b)
+			require.Nil(t, a.Value(key{}))
+			shared = true
+			break
+		}
+	}
+	require.True(t, shared, "no two decisions of context.Background fell in one tick")
 
 	select {
 	case <-ctx.Done():
@@ -203,4 +217,10 @@ func TestTickDeadline(t *testing.T) {
 	require.False(t, isTick)
 	stop()
 	require.ErrorIs(t, ctx.Err(), context.Canceled)
+}
+
+// ctxDeadline returns ctx's deadline.
+func ctxDeadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
