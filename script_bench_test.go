@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -262,14 +263,26 @@ func BenchmarkOneDecision(b *testing.B) {
 			if err := client.ScriptLoad(ctx, decider.src.(string)).Err(); err != nil {
 				b.Fatal(err)
 			}
+			values := func(a limitArgs) []any { return []any{a.rate, a.window, a.ttl, int64(1), a.weight} }
+			a := newLimitArgs(limit, locate(time.Now().UnixMilli(), limit))
+			r := &request{cost: 1, nlimits: 1, limits: []limitArgs{a}, keys: []string{"a", "b"}}
+			var sent []any
+			for _, v := range callArgs(nil, decider, []*request{r}, false, true)[5:] {
+				sent = append(sent, *v.(*int64))
+			}
+			if !slices.Equal(sent, values(a)) {
+				b.Fatalf("the library sends %v after the keys, the benchmark %v", sent, values(a))
+			}
 			b.ReportAllocs()
 			var keys [2]string
 			for i := 0; b.Loop(); i++ {
 				pos := locate(time.Now().UnixMilli(), limit)
 				a := newLimitArgs(limit, pos)
-				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), 1, a.rate, a.weight, a.window, a.ttl).Result()
-				if err != nil || v == nil {
-					b.Fatal(v, err)
+				// values(a), written out so that go-redis boxes them as a
+				// caller's literal arguments
+				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), a.rate, a.window, a.ttl, 1, a.weight).Int64()
+				if err != nil || v&1 != 1 {
+					b.Fatal("not allowed:", v, err)
 				}
 			}
 		})
