@@ -138,8 +138,7 @@ func argString(a any) string {
 // A decision whose ctx is never canceled gets a tickCtx: its deadline is the
 // timeout rounded up to a tick, its values are the caller's, decisions of
 // one tick share its Done (those of context.Background its tickCtx), and
-// Done closes at the deadline, Err then saying
-// so.
+// Done closes at the deadline, Err then saying so.
 func TestTickDeadline(t *testing.T) {
 	t.Parallel()
 	const timeout = 20 * time.Millisecond
