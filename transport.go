@@ -272,8 +272,27 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*requ
 	if short {
 		n = len(reqs)
 	}
-	return eval(ctx, c, sc, callArgs(make([]any, 0, callLen(reqs, short)), sc, reqs, cross, short), n)
+	buf := argLists.Get().(*[]any)
+	if need := callLen(reqs, short); cap(*buf) < need {
+		*buf = make([]any, 0, need)
+	}
+	args := callArgs((*buf)[:0], sc, reqs, cross, short)
+	vals, err := eval(ctx, c, sc, args, n)
+	if err == nil && cap(args) <= maxCallValues {
+		clear(args) // nothing kept alive by the list: the requests are the caller's
+		*buf = args[:0]
+		argLists.Put(buf)
+	}
+	return vals, err
 }
+
+// argLists holds the argument lists of calls that were answered, for calls
+// to come: a call's list is as long as it has values (10 for one request),
+// 16 bytes each. go-redis reads a command's arguments until its reply has
+// been read, and not after; a call that failed may have left its command
+// in go-redis's hands (one whose caller stopped waiting), so its list is
+// not reused; nor is one longer than maxCallValues.
+var argLists = sync.Pool{New: func() any { return new([]any) }}
 
 // explain returns the error of a decision that Redis did not make, saying
 // what failed: the caller's own ctx error as it is when the caller left;
