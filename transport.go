@@ -291,7 +291,8 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*requ
 // 16 bytes each. go-redis reads a command's arguments until its reply has
 // been read, and not after; a call that failed may have left its command
 // in go-redis's hands (one whose caller stopped waiting), so its list is
-// not reused; nor is one longer than maxCallValues.
+// not reused; nor is one longer than maxCallValues. (A go-redis hook that
+// kept a command past its return would see a later call's arguments there.)
 var argLists = sync.Pool{New: func() any { return new([]any) }}
 
 // explain returns the error of a decision that Redis did not make, saying
