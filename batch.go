@@ -74,10 +74,10 @@ const maxInFlight = 2
 // go at once in a call of its own, up to fewDeciding calls in flight (calls
 // whose callers left count too: a slow Redis is sent no more). Measured on
 // 2 cores (bench/README.md, "How many calls in flight"): with 8 goroutines
-// deciding, about 1.5 times the decisions a second of 2 calls in flight on
-// a ContextTimeoutEnabled client and 1.4 times on go-redis's default one,
-// and from 0.87 times to level with another process taking a core; with 64,
-// no change.
+// deciding, about 1.5 times the decisions a second of 2 calls in flight, on
+// either client; with another process taking a core, 0.87 times on a
+// ContextTimeoutEnabled client and about level on go-redis's default one;
+// with 64, no change.
 const fewDeciding = 8
 
 // queuedCalls is how many calls' worth of requests (maxBatch each) may wait.
