@@ -563,8 +563,12 @@ func TestSilentServerManyCallers(t *testing.T) {
 }
 
 // watchGoroutines counts the goroutines the Limiter started to wait on a
-// client that ignores ctx, still running.
-func watchGoroutines() int { return goroutinesIn("github.com/slidingwindow/ratelimit.watch[") }
+// client that ignores ctx, still running: a decision's, or another
+// command's.
+func watchGoroutines() int {
+	return goroutinesIn("github.com/slidingwindow/ratelimit.(*watchedCall).run") +
+		goroutinesIn("github.com/slidingwindow/ratelimit.watch[")
+}
 
 // goroutinesIn counts the goroutines running a function whose name starts
 // with fn, at any depth of their stacks.

@@ -248,20 +248,63 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 
 // call sends one script call of sc for reqs to c and decodes its reply into
 // out, on this goroutine: with a client that does not stop at ctx's
-// deadline itself, the call goes on in watch's goroutine after it, until
-// the client gives up, and its late reply is dropped there.
+// deadline itself, the call goes on in sendWatched's goroutine after it,
+// until the client gives up, and its late reply is dropped there.
 func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
 	var vals []int64
 	var err error
 	if t.ctxAware || ctx.Done() == nil {
 		vals, err = send(ctx, c, sc, reqs)
 	} else {
-		vals, err = watch(ctx, func(ctx context.Context) ([]int64, error) { return send(ctx, c, sc, reqs) })
+		vals, err = sendWatched(ctx, c, sc, reqs)
 	}
 	if err != nil {
 		return err
 	}
 	return decodeReply(vals, reqs, out)
+}
+
+// A watchedCall is a script call that a goroutine of its own makes for a
+// caller that may leave before it ends: what watch does for any command,
+// for decisions without the closures and channel each would allocate.
+type watchedCall struct {
+	ctx  context.Context
+	c    redis.UniversalClient
+	sc   *script
+	reqs []*request
+	vals []int64
+	err  error
+	done chan struct{} // buffered: the goroutine never waits for its caller
+}
+
+// watchedCalls holds the watchedCalls whose callers took their replies:
+// their goroutines have sent on done and touch them no more. One whose
+// caller left stays its goroutine's, and is never pooled: its late reply
+// reaches no one.
+var watchedCalls = sync.Pool{New: func() any { return &watchedCall{done: make(chan struct{}, 1)} }}
+
+// run makes w's call, then lets its caller know; it touches w no more.
+func (w *watchedCall) run() {
+	w.vals, w.err = send(w.ctx, w.c, w.sc, w.reqs)
+	w.done <- struct{}{}
+}
+
+// sendWatched is send on a goroutine of its own, as watch runs a command:
+// it returns the reply, or ctx's error if ctx is done first. A call whose
+// caller left is its goroutine's until the client's own timeouts end it.
+func sendWatched(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
+	w := watchedCalls.Get().(*watchedCall)
+	w.ctx, w.c, w.sc, w.reqs = ctx, c, sc, reqs
+	go w.run()
+	select {
+	case <-w.done:
+		vals, err := w.vals, w.err
+		*w = watchedCall{done: w.done}
+		watchedCalls.Put(w)
+		return vals, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // send makes the script call of sc for reqs on c and returns its reply's

@@ -6,9 +6,11 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -222,4 +224,82 @@ func TestTickDeadline(t *testing.T) {
 func ctxDeadline(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
+}
+
+// gatedCalls is a go-redis hook that, while armed, holds each script call
+// until released, and says when a held call has ended.
+type gatedCalls struct {
+	armed   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+	ended   chan struct{}
+}
+
+func (g *gatedCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *gatedCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); (name != "evalsha" && name != "eval") || !g.armed.Load() {
+			return next(ctx, cmd)
+		}
+		defer func() { g.ended <- struct{}{} }()
+		g.held <- struct{}{}
+		<-g.release
+		// as if written before its caller left: Redis answers it
+		return next(context.WithoutCancel(ctx), cmd)
+	}
+}
+
+func (g *gatedCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// On go-redis's default client a decision's call goes on after its caller
+// has left, on a goroutine of its own (sendWatched): its late reply must
+// reach no other decision. Here the call left behind reads "a" at 5; if its
+// watchedCall were pooled when its caller left, a later decision would take
+// that reply for its own and report a count of 6 for a new id.
+func TestLeftCallReplyReachesNoOne(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	gate := &gatedCalls{held: make(chan struct{}, 1), release: make(chan struct{}), ended: make(chan struct{}, 1)}
+	client.AddHook(gate)
+	at := time.Unix(1_700_000_000, 0) // one window for every decision here
+	l := New(client, WithTimeout(time.Minute), WithClock(func() time.Time { return at }))
+	limit := PerMinute(100)
+	bg := context.Background()
+	for range 5 {
+		res, err := l.Allow(bg, "a", limit)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+
+	gate.armed.Store(true)
+	ctx, leave := context.WithCancel(bg)
+	left := make(chan error, 1)
+	go func() {
+		_, err := l.Allow(ctx, "a", limit)
+		left <- err
+	}()
+	<-gate.held
+	gate.armed.Store(false)
+	leave()
+	require.ErrorIs(t, <-left, context.Canceled)
+
+	res, err := l.Allow(bg, "b", limit)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Count)
+	close(gate.release)
+	<-gate.ended
+	for i := range 200 {
+		id := "c" + strconv.Itoa(i)
+		res, err := l.Allow(bg, id, limit)
+		require.NoError(t, err, id)
+		require.Equal(t, int64(1), res.Count, "%s: another call's reply", id)
+	}
+	res, err = l.Peek(bg, "a", limit)
+	require.NoError(t, err)
+	require.Equal(t, int64(6), res.Count, "the call left behind was counted")
 }
