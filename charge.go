@@ -68,12 +68,20 @@ func (d *decision) deriveCharge() {
 // StrictSubWindows sub-windows after its own. Refund does not remember
 // earlier refunds of the same Results: refund a decision once, or in parts
 // that add up to no more than it counted, and give each Result once (two
-// of one count are an error). The Results of a Shadow limit that did not
-// count the request are passed over; so are those counted in this
-// process's failure policy. A denied AllowAll whose Shadow limit counted
-// the request on its own can be refunded for that limit. A refund is one
-// script call; one that cannot reach Redis is reported to the error handler
-// and returns the error, and is never sent twice.
+// of one count are an error). No Results at all (nil or empty) is
+// ErrInvalidLimit, as AllowAll and Charge with no limits are. The Results
+// of a Shadow limit that did not count the request are passed over; so are
+// those counted in this process's failure policy. A denied AllowAll whose
+// Shadow limit counted the request on its own can be refunded for that
+// limit. A refund is one script call; one that cannot reach Redis is
+// reported to the error handler and returns the error.
+//
+// Neither the Limiter nor go-redis sends a refund twice (the script call
+// is marked NoRetry), and a caller should not retry one either: a refund
+// whose reply was lost, or that timed out, may have landed, and a second
+// would give back twice, taking from what other requests counted. A refund
+// lost for good leaves the count higher than it should be until its window
+// slides out of the limit's span: the safe side of a limit.
 //
 // The deny cache of this Limiter forgets id (a decision of id in flight as
 // the refund lands may still cache its denial, for the rest of its
@@ -95,6 +103,9 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 	}
 	if id == "" {
 		return nil, fmt.Errorf("%w: id is empty", ErrInvalidID)
+	}
+	if len(results) == 0 {
+		return nil, fmt.Errorf("%w: no Results to refund", ErrInvalidLimit)
 	}
 	if n < 1 {
 		return nil, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
