@@ -75,6 +75,27 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 		require.Empty(t, e.keys(t), "nothing written")
 	})
 
+	// A cost above 2^53 is above every Rate and past what any key holds:
+	// refused before Redis is asked.
+	t.Run("CostPast2To53", func(t *testing.T) {
+		e := mk(t)
+		l := e.limiter()
+		for _, n := range []int64{1<<53 + 1, 1<<63 - 1} {
+			_, err := l.AllowN(ctx, "u", minute, n)
+			require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+			require.ErrorContains(t, err, "above 2^53")
+			_, err = l.AllowAll(ctx, "u", []ratelimit.Limit{minute, ratelimit.PerSecond(5)}, n)
+			require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+			_, err = l.Charge(ctx, "u", []ratelimit.Limit{minute}, n)
+			require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+		}
+		require.Empty(t, e.keys(t), "nothing written")
+		_, err := ratelimit.New(e.client, ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
+			ratelimit.WithCountDenied(true)).AllowN(ctx, "u", minute, 1<<53+1)
+		require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+		require.Empty(t, e.keys(t), "nothing written under WithCountDenied either")
+	})
+
 	t.Run("RefundNoResults", func(t *testing.T) {
 		e := mk(t)
 		l := e.limiter()

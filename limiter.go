@@ -19,7 +19,8 @@ var (
 	// ErrInvalidLimit is returned for a Limit that Limit.Validate rejects,
 	// and by AllowAll and PeekAll for limits that ValidateLimits rejects.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
-	// ErrInvalidCost is returned by AllowN and AllowAll for a cost below 1.
+	// ErrInvalidCost is returned by AllowN, AllowAll and Charge for a
+	// cost below 1 or above 2^53.
 	ErrInvalidCost = errors.New("ratelimit: invalid cost")
 	// ErrNilClient is returned by every method of a Limiter made with a nil
 	// client.
@@ -238,7 +239,8 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // The error is non-nil for invalid input (ErrInvalidID, ErrInvalidLimit,
 // ErrInvalidCost), when ctx is done before Redis answers (ctx.Err()), and
 // when Redis cannot decide under FailClosed (ErrUnavailable). A cost above
-// limit.Rate is denied with RetryAfter InfDuration.
+// limit.Rate is denied with RetryAfter InfDuration; one above 2^53, more
+// than any Rate, is ErrInvalidCost.
 func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
 	return l.decideOne(ctx, id, limit, n, false)
 }
