@@ -212,22 +212,31 @@ type outcome struct {
 // returns the outcomes of the queued decisions, by id, and of the held ones.
 func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids []string, holdCtx context.Context, cancel context.CancelFunc) (queued map[string]outcome, held []outcome) {
 	t.Helper()
+	allow := func(ctx context.Context, id string) (Result, error) { return l.Allow(ctx, id, limit) }
+	return batchAfterHeldWith(t, l, hook, allow, ids, holdCtx, cancel)
+}
+
+// batchAfterHeldWith is batchAfterHeld with the decisions that decide
+// makes, each of one script request.
+func batchAfterHeldWith(t *testing.T, l *Limiter, hook *heldCalls, decide func(context.Context, string) (Result, error),
+	ids []string, holdCtx context.Context, cancel context.CancelFunc) (queued map[string]outcome, held []outcome) {
+	t.Helper()
 	require.NotNil(t, l.t.one.batch, "batching is on by default for a *redis.Client")
 	require.Equal(t, maxInFlight, hook.hold)
 	BatchAlways(l) // from so few goroutines, decisions would go alone
 	out := make(chan outcome, maxInFlight+len(ids))
-	decide := func(ctx context.Context, id string) {
+	start := func(ctx context.Context, id string) {
 		go func() {
-			res, err := l.Allow(ctx, id, limit)
+			res, err := decide(ctx, id)
 			out <- outcome{id, res, err}
 		}()
 	}
 	for i := range maxInFlight {
-		decide(holdCtx, fmt.Sprint("held-", i))
+		start(holdCtx, fmt.Sprint("held-", i))
 		<-hook.held // in flight, held: the next decision cannot join it
 	}
 	for _, id := range ids {
-		decide(context.Background(), id)
+		start(context.Background(), id)
 	}
 	require.Eventually(t, func() bool {
 		l.t.one.batch.mu.Lock()

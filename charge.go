@@ -18,8 +18,10 @@ import (
 // whether it would pass that one. A Leased limit is charged in Redis, not
 // from its lease, and this process's lease of it is given back in the same
 // call, so that what it held does not serve after the charge. It is one
-// script call, whatever the number of limits, validated as AllowAll is. A
-// charge that cannot reach Redis is reported to the error handler and
+// script call, whatever the number of limits, validated as AllowAll is; a
+// charge that would take some limit's count past 2^53, where it would no
+// longer be a count, is ErrInvalidCost naming the limit, and nothing of it
+// is counted. A charge that cannot reach Redis is reported to the error handler and
 // returns the error, whatever the failure policy; like a decision it is
 // never sent twice, so a charge that timed out may or may not have been
 // counted. The Results of a Charge can be refunded.

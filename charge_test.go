@@ -75,6 +75,52 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 		require.Empty(t, e.keys(t), "nothing written")
 	})
 
+	// A count stays a count: a charge that would take a key past 2^53 (the
+	// most a key holds and still holds a count) is refused whole, and the
+	// id's later decisions are made as before, not Degraded.
+	t.Run("ChargePast2To53", func(t *testing.T) {
+		second := ratelimit.Limit{Rate: 100, Window: time.Second}
+		strict := ratelimit.Limit{Rate: 10, Window: time.Hour, Strict: true}
+		for _, over := range []ratelimit.Limit{minute, strict} {
+			t.Run(over.String(), func(t *testing.T) {
+				e := mk(t)
+				h := &errorLog{}
+				l := e.limiter(ratelimit.WithErrorHandler(h.handle))
+				r, err := l.Allow(ctx, "u", over)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				before := e.keys(t)
+				// The other limit's key is new and could take it: nothing is
+				// counted there either.
+				_, err = l.Charge(ctx, "u", []ratelimit.Limit{second, over}, 1<<53)
+				require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+				require.ErrorContains(t, err, "limit "+over.String()+" past 2^53")
+				require.Equal(t, before, e.keys(t), "nothing written")
+				r, err = l.Allow(ctx, "u", over)
+				require.NoError(t, err)
+				require.False(t, r.Degraded, "the key still holds a count")
+				require.True(t, r.Allowed)
+				require.Equal(t, int64(2), r.Count)
+				require.Empty(t, h.all(), "the caller's input, not a Redis failure")
+
+				// To 2^53 exactly is a count.
+				rs, err := l.Charge(ctx, "u", []ratelimit.Limit{over}, 1<<53-2)
+				require.NoError(t, err)
+				require.Equal(t, int64(1<<53), rs[0].Count)
+				r, err = l.Allow(ctx, "u", over)
+				require.NoError(t, err)
+				require.False(t, r.Degraded)
+				require.False(t, r.Allowed)
+				_, err = l.Charge(ctx, "u", []ratelimit.Limit{over}, 1)
+				require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
+				r, err = l.Allow(ctx, "u", over)
+				require.NoError(t, err)
+				require.False(t, r.Degraded)
+				require.Equal(t, int64(1<<53), r.Count)
+			})
+		}
+	})
+
 	// A cost above 2^53 is above every Rate and past what any key holds:
 	// refused before Redis is asked.
 	t.Run("CostPast2To53", func(t *testing.T) {

@@ -175,6 +175,11 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		if leased && !look {
 			l.leases.settle(id, d, false)
 		}
+		if d.charge && errors.Is(err, ErrInvalidCost) {
+			// Redis refused the cost (see sliding_window.lua): the
+			// caller's input, not a failure of Redis, and nothing counted.
+			return err
+		}
 		if d.charge && !expired(ctx) {
 			l.onError(ctx, id, err)
 			if l.observer != nil {

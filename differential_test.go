@@ -63,7 +63,15 @@ type tally struct {
 	// idleRefunds: refunds whose windows had all slid out of their span,
 	// for which Refund sends nothing.
 	idleRefunds int
+	// Charges that would take a count past maxCount, refused: by Redis
+	// (some current count at least 1), or before it is asked (a cost above
+	// maxCount, which sends nothing).
+	pastRedis, pastCost int
 }
+
+// maxCount is the most a count holds: a charge that would take one past it
+// is refused whole, with ErrInvalidCost.
+const maxCount = 1 << 53
 
 func newModel() *model { return &model{counts: map[windowKey]int64{}, last: map[string]counted{}} }
 
@@ -78,8 +86,22 @@ func (m *model) record(id string, keys []windowKey, n int64) {
 // charge counts n for id under every limit, whatever the counts, and
 // derives each Result from the counts after it: Allowed is whether a cost-1
 // request would pass every enforced limit, RetryAfter each limit's wait
-// until it admits a cost of 1.
-func (m *model) charge(id string, limits []ratelimit.Limit, t, n int64) []ratelimit.Result {
+// until it admits a cost of 1. A charge that would take some limit's
+// current count past maxCount counts nothing and is ErrInvalidCost, its
+// Results zero but for their Limits.
+func (m *model) charge(id string, limits []ratelimit.Limit, t, n int64) ([]ratelimit.Result, error) {
+	if past := n > maxCount; past || slices.ContainsFunc(limits, func(l ratelimit.Limit) bool { return m.counts[current(id, l, t)] > maxCount-n }) {
+		if past {
+			m.tally.pastCost++
+		} else {
+			m.tally.pastRedis++
+		}
+		res := make([]ratelimit.Result, len(limits))
+		for i, limit := range limits {
+			res[i].Limit = limit
+		}
+		return res, ratelimit.ErrInvalidCost
+	}
 	var keys []windowKey
 	for _, limit := range limits {
 		k := current(id, limit, t)
@@ -104,7 +126,20 @@ func (m *model) charge(id string, limits []ratelimit.Limit, t, n int64) []rateli
 	for i := range res {
 		res[i].Allowed = allowed
 	}
-	return m.finish(res, allowed, fits)
+	return m.finish(res, allowed, fits), nil
+}
+
+// pastCharge returns the cost of a charge of id's limits at t that the
+// model refuses, whatever the counts: one more than the most a current
+// count leaves room for, so that it is refused by Redis when some current
+// count is at least 1, and before Redis is asked (a cost above maxCount)
+// when none is.
+func (m *model) pastCharge(id string, limits []ratelimit.Limit, t int64) int64 {
+	most := int64(0)
+	for _, limit := range limits {
+		most = max(most, m.counts[current(id, limit, t)])
+	}
+	return maxCount + 1 - most
 }
 
 // refund gives back n of id's last counting decision, once: in each window
@@ -358,24 +393,24 @@ func (m *model) reset(id string, limit ratelimit.Limit, t int64) {
 }
 
 // apply runs o on the model.
-func (m *model) apply(o op) []ratelimit.Result {
+func (m *model) apply(o op) ([]ratelimit.Result, error) {
 	switch o.kind {
 	case opReset:
 		m.reset(o.id, o.limit, o.at)
-		return nil
+		return nil, nil
 	case opPeek:
-		return []ratelimit.Result{m.peek(o.id, o.limit, o.at)}
+		return []ratelimit.Result{m.peek(o.id, o.limit, o.at)}, nil
 	case opPeekAll:
-		return m.peekAll(o.id, o.limits, o.at)
+		return m.peekAll(o.id, o.limits, o.at), nil
 	case opAllowAll:
-		return m.allowAll(o.id, o.limits, o.at, o.cost)
+		return m.allowAll(o.id, o.limits, o.at, o.cost), nil
 	case opCharge:
 		return m.charge(o.id, o.limits, o.at, o.cost)
 	case opRefund:
 		m.refund(o.id, o.at, o.cost)
-		return nil
+		return nil, nil
 	}
-	return []ratelimit.Result{m.allowN(o.id, o.limit, o.at, o.cost)}
+	return []ratelimit.Result{m.allowN(o.id, o.limit, o.at, o.cost)}, nil
 }
 
 // do runs o on l; a refund gives back o.cost of o.refunds.
@@ -520,6 +555,9 @@ type op struct {
 	// refunds are the Results a refund gives back part of: those of its
 	// id's last decision that counted, set when the trace runs.
 	refunds []ratelimit.Result
+	// past: a Charge whose cost, set when the trace runs, takes a count
+	// past maxCount (see model.pastCharge).
+	past bool
 }
 
 type opKind int
@@ -638,8 +676,9 @@ func mixedTrace(seed uint64, steps int, pool []ratelimit.Limit, suffix string) [
 }
 
 // withChargesAndRefunds turns about one op in ten of ops into a Charge of
-// the op's limits (a cost up to twice the least rate) and one in seven
-// into a Refund of up to 3 of the id's last decision that counted.
+// the op's limits (a cost up to twice the least rate, or for one in ten of
+// them a cost that takes a count past maxCount) and one in seven into a
+// Refund of up to 3 of the id's last decision that counted.
 func withChargesAndRefunds(ops []op, seed uint64, pool []ratelimit.Limit) []op {
 	rng := rand.New(rand.NewPCG(seed, 4))
 	for i := range ops {
@@ -655,6 +694,7 @@ func withChargesAndRefunds(ops []op, seed uint64, pool []ratelimit.Limit) []op {
 				least = min(least, l.Rate)
 			}
 			o.cost = 1 + rng.Int64N(2*least)
+			o.past = k == 0
 		case k < 24:
 			o.kind, o.cost = opRefund, 1+rng.Int64N(3)
 		}
@@ -780,6 +820,9 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 		skip := make([]bool, lanes)
 		for lane := range traces {
 			o := &traces[lane][step]
+			if o.past {
+				o.cost = m.pastCharge(o.id, o.limits, o.at)
+			}
 			if o.kind != opRefund {
 				continue
 			}
@@ -807,8 +850,13 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 				continue
 			}
 			where := fmt.Sprintf("step %d lane %d %v", step, lane, o)
-			require.NoError(t, errs[lane], where)
-			require.Equal(t, m.apply(o), ratelimit.PublicAll(got[lane]), where)
+			want, err := m.apply(o)
+			if err != nil {
+				require.ErrorIs(t, errs[lane], err, where)
+			} else {
+				require.NoError(t, errs[lane], where)
+			}
+			require.Equal(t, want, ratelimit.PublicAll(got[lane]), where)
 			if m.seq > seq && m.last[o.id].seq > seq { // it counted: a later refund gives it back
 				booked[o.id] = got[lane]
 			}
@@ -821,7 +869,7 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	s := m.tally
 	// Each decision, and each refund with a window left to give back to,
 	// sends one script call unless batched with others.
-	sent := int64(decisions + s.refunds - s.idleRefunds)
+	sent := int64(decisions + s.refunds - s.idleRefunds - s.pastCost)
 	t.Logf("%+v; %d decisions and refunds sent in %d script calls; the clock moved %d ms to keep up with real time", s, sent, calls.n.Load(), pace.offset)
 	require.Greater(t, s.allowed, steps/10)
 	require.Greater(t, s.never, steps/200)
@@ -838,6 +886,8 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 		require.Greater(t, s.charges, steps/20)
 		require.Greater(t, s.refunds, steps/20)
 		require.Positive(t, s.lateRefunds, "no refund in the window after the decision's")
+		require.Positive(t, s.pastRedis, "no charge past maxCount refused by Redis")
+		require.Positive(t, s.pastCost, "no charge past maxCount refused before Redis is asked")
 	}
 	if c.batched {
 		require.Less(t, calls.n.Load(), sent, "no script call carried two requests")

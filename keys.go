@@ -26,7 +26,7 @@ func validate(id string, limit Limit, n int64) error {
 	if n < 1 {
 		return fmt.Errorf("%w: cost %d is below 1", ErrInvalidCost, n)
 	}
-	if n > 1<<53 {
+	if n > maxCount {
 		return fmt.Errorf("%w: cost %d is above 2^53, the most a count holds", ErrInvalidCost, n)
 	}
 	return nil

@@ -12,7 +12,9 @@ import (
 
 // Errors returned for input that cannot be decided. Each is wrapped with a
 // message that names the value at fault; check with errors.Is. Nothing is
-// sent to Redis for such input, whatever the failure policy.
+// sent to Redis for such input, whatever the failure policy, but for a
+// Charge that only Redis can tell would take a count past 2^53 (see
+// ErrInvalidCost), which Redis refuses without writing anything.
 var (
 	// ErrInvalidID is returned for an empty id.
 	ErrInvalidID = errors.New("ratelimit: invalid id")
@@ -20,7 +22,9 @@ var (
 	// and by AllowAll and PeekAll for limits that ValidateLimits rejects.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
 	// ErrInvalidCost is returned by AllowN, AllowAll and Charge for a
-	// cost below 1 or above 2^53.
+	// cost below 1 or above 2^53, and by Charge for a cost that would take
+	// a limit's count past 2^53 (the most a count holds exactly), naming
+	// the limit: nothing of that Charge is counted.
 	ErrInvalidCost = errors.New("ratelimit: invalid cost")
 	// ErrNilClient is returned by every method of a Limiter made with a nil
 	// client.

@@ -104,7 +104,8 @@ func TestFailLocalMatchesModelMixed(t *testing.T) {
 		for _, limit := range o.limits {
 			shared.limits = append(shared.limits, share(limit))
 		}
-		want := m.apply(shared)
+		want, err := m.apply(shared)
+		require.NoError(t, err, where)
 		limits := o.limits
 		if limits == nil {
 			limits = []ratelimit.Limit{o.limit}

@@ -327,7 +327,8 @@ func decodeReply(vals []int64, reqs []*request, out []reply) error {
 	}
 	for i, r := range reqs {
 		rep := reply{allowed: vals[0] == 1, counts: vals[1 : 1+len(r.keys) : 1+len(r.keys)]}
-		if vals[0] != 0 && vals[0] != 1 {
+		refused := vals[0] == refusedCharge && r.mode == modeCharge
+		if vals[0] != 0 && vals[0] != 1 && !refused {
 			rep.err = fmt.Errorf("%w: allowed flag %d", ErrBadReply, vals[0])
 		}
 		vals = vals[1+len(r.keys):]
@@ -352,12 +353,30 @@ func decodeReply(vals []int64, reqs []*request, out []reply) error {
 			if rep.err == nil && rep.allowed && need > 0 && a.estimate(c[:n]) > a.rate-need {
 				rep.err = fmt.Errorf("%w: allowed at counts %v above rate %d", ErrBadReply, c[:n], a.rate)
 			}
+			if rep.err == nil && refused && c[0] > maxCount-r.cost {
+				rep.err = fmt.Errorf("%w: charge %d would take the count of limit %v past 2^53 (it holds %d): nothing was counted",
+					ErrInvalidCost, r.cost, a.limit(), c[0])
+			}
 			c = c[n:]
+		}
+		if rep.err == nil && refused {
+			// The script refuses only what would not fit.
+			rep.err = fmt.Errorf("%w: a charge of %d refused at counts %v", ErrBadReply, r.cost, rep.counts)
 		}
 		out[i] = rep
 	}
 	return nil
 }
+
+// maxCount is the most a key holds and still holds a count: the script
+// reads counts as Lua numbers (IEEE doubles), exact up to 2^53, and refuses
+// a charge (refusedCharge) that would take a key past it; AllowN and every
+// other decision refuse a cost above it before Redis is asked.
+const maxCount = 1 << 53
+
+// refusedCharge is the flag of the script's reply to a charge that it
+// refused: some limit's current count would have gone past maxCount.
+const refusedCharge = 2
 
 // limit returns the limit (Rate, Window and Strict) the arguments were made
 // from, for messages.

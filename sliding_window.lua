@@ -73,8 +73,14 @@
 --   to its rate; a request that some limit can never admit (its cost is
 --   above that rate) is counted nowhere: a mistake, not a client to slow
 --   down.
---   Reply: per request, 1 if allowed else 0, then per limit its keys' counts
---     as they were before the request; -1 for a key that holds no count.
+--   A charge whose cost would take some limit's current key past 2^53 (so
+--   that it would hold no count), or whose cost is not a count itself, is
+--   refused: nothing of it is written. The other modes cannot: each adds at
+--   most what its limit's rate leaves above the key, and Go validates every
+--   rate at or below 2^53.
+--   Reply: per request, 1 if allowed else 0 (2 for a refused charge), then
+--     per limit its keys' counts as they were before the request; -1 for a
+--     key that holds no count.
 
 local call, tonumber, find, floor = redis.call, tonumber, string.find, math.floor
 local argv, keys = ARGV, KEYS
@@ -266,7 +272,11 @@ for _ = 1, num(argv[1]) do
   local allowed = cost > 0
   reply[flag] = 0
   local k, a = key, arg + 3
-  local bad, never = false, false
+  -- over: a charge refused; it fits when its cost is a count and each
+  -- limit's current count is at most room (2^53 - cost, exact, where the
+  -- sum count + cost could round to 2^53)
+  local bad, never, over = false, false, charge and count(argv[arg]) < 0
+  local room = 9007199254740992 - cost
   for _ = 1, limits do
     local rate, weight, window = num(argv[a]), num(argv[a + 1]), num(argv[a + 2])
     local need = cost
@@ -279,7 +289,7 @@ for _ = 1, num(argv[1]) do
         local v = got[j]
         if v == true then c = -1 elseif v then c = count(v) else c = 0 end
       end
-      if c < 0 then bad = true end
+      if c < 0 then bad = true elseif charge and j == k and c > room then over = true end
       nreply = nreply + 1
       reply[nreply] = c
       usage = usage + c
@@ -291,7 +301,7 @@ for _ = 1, num(argv[1]) do
     if need > rate then never = true end
     k, a = k + nk, a + stride
   end
-  if bad then allowed = false end
+  if bad or over then allowed = false end
   if cost < 0 and not bad then
     -- give back: lower each limit's one key, never below 0, a key given
     -- twice in the request too
@@ -340,7 +350,7 @@ for _ = 1, num(argv[1]) do
       r, k, a = r + nk, k + nk, a + stride
     end
   end
-  if allowed then reply[flag] = 1 end
+  if allowed then reply[flag] = 1 elseif over and not bad then reply[flag] = 2 end
   key, arg = k, arg + 3 + stride * limits
 end
 return reply
