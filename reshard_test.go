@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,8 +51,11 @@ func TestClusterReshardingUnderLoad(t *testing.T) {
 	ctx := context.Background()
 	e := env{client: cc, clock: clock.NewFake(epoch.Add(30 * time.Minute)), prefix: t.Name()}
 	limit := ratelimit.PerHour(rate) // the clock stands still: one window, at most rate admitted per id
+	tryAgains := &replyCounter{code: "TRYAGAIN"}
+	cc.AddHook(tryAgains)
 	l := ratelimit.New(cc, ratelimit.WithClock(e.clock.Now), ratelimit.WithPrefix(e.prefix),
 		ratelimit.WithFailurePolicy(ratelimit.FailClosed),
+		ratelimit.WithTimeout(time.Second), // the default 100ms, with room for a loaded machine
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
 
 	// The source serves slot 0; redis-cli takes the slots it moves from a
@@ -175,8 +179,9 @@ func TestClusterReshardingUnderLoad(t *testing.T) {
 	back := time.Since(started) - there
 	close(done)
 	wg.Wait()
-	t.Logf("%d decisions in %v; %d slots moved in %v and back in %v; %d failed",
-		made, time.Since(started).Round(time.Millisecond), moving, there.Round(time.Millisecond), back.Round(time.Millisecond), len(failed))
+	t.Logf("%d decisions in %v; %d slots moved in %v and back in %v; %d script calls answered TRYAGAIN; %d decisions failed",
+		made, time.Since(started).Round(time.Millisecond), moving, there.Round(time.Millisecond), back.Round(time.Millisecond),
+		tryAgains.n.Load(), len(failed))
 
 	kinds := map[string]int{}
 	for _, f := range failed {
@@ -189,6 +194,7 @@ func TestClusterReshardingUnderLoad(t *testing.T) {
 		t.Errorf("a decision failed: %s", f)
 	}
 	require.Zero(t, len(failed), "decisions failed, by kind: %v", kinds)
+	require.NotZero(t, tryAgains.n.Load(), "no call met TRYAGAIN: the test did not test the retry")
 	for i, id := range chosen {
 		require.LessOrEqual(t, admitted[i], int64(rate), "%s admitted past its limit", id)
 		got, err := cc.Get(ctx, e.key(id, limit.Window, cur)).Int64()
@@ -206,6 +212,29 @@ func replyCode(msg string) string {
 		}
 	}
 	return msg
+}
+
+// A replyCounter counts the commands a Cluster client's callers saw fail
+// with an error reply of code.
+type replyCounter struct {
+	code string
+	n    atomic.Int64
+}
+
+func (h *replyCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *replyCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *replyCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if redis.HasErrorPrefix(err, h.code) {
+			h.n.Add(1)
+		}
+		return err
+	}
 }
 
 // A script call answered TRYAGAIN goes again after a pause, as long as the
