@@ -412,15 +412,20 @@ func (noRetryInts) NoRetry() bool { return true }
 // eval sends args, an EVALSHA command of sc with its SHA at args[1], and
 // EVAL with the source if the server does not have the script. A NOSCRIPT
 // reply means the script did not run, so sending it again cannot count
-// twice. It returns the reply's integers in the long form's layout. short
-// is the number of requests of a call in the short form, whose reply packs
-// each request in one integer when it can (0 for the long form): their
-// flags and counts are unpacked.
+// twice; so does TRYAGAIN, which eval sends again after a pause (see
+// tryAgain). It returns the reply's integers in the long form's layout.
+// short is the number of requests of a call in the short form, whose reply
+// packs each request in one integer when it can (0 for the long form):
+// their flags and counts are unpacked.
 func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, short int) ([]int64, error) {
 	cmd := newScriptCmd(ctx, args, short)
 	err := c.Process(ctx, cmd)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", sc.src
+	for try := 0; err != nil; try++ {
+		if redis.HasErrorPrefix(err, "NOSCRIPT") && args[0] == "evalsha" {
+			args[0], args[1] = "eval", sc.src
+		} else if !tryAgain(ctx, sc, err, try) {
+			break
+		}
 		cmd = newScriptCmd(ctx, args, short)
 		err = c.Process(ctx, cmd)
 	}
@@ -434,6 +439,65 @@ func eval(ctx context.Context, c redis.UniversalClient, sc *script, args []any, 
 		return cmd.Val(), nil
 	}
 	return unpack(cmd.(noRetry).Val())
+}
+
+// Pauses before a script call answered TRYAGAIN goes again: the first, then
+// twice as long each time, up to the last. A slot's keys stay split between
+// two masters while MIGRATE moves them, a round trip per pipeline of keys
+// (10 with redis-cli's default), and a decision whose keys are not all on
+// one master is answered TRYAGAIN until they are, or until the slot is the
+// target's: milliseconds.
+const (
+	firstTryAgainPause = 2 * time.Millisecond
+	lastTryAgainPause  = 16 * time.Millisecond
+	// tryAgainFor bounds the pauses of a call whose ctx has no deadline
+	// (a Limiter WithTimeout(0), or a batch of such decisions): the
+	// default timeout.
+	tryAgainFor = defaultTimeout
+)
+
+// tryAgain reports whether a script call of sc that failed with err, try
+// times sent again already, goes again, after it has paused for as long as
+// try says. Only TRYAGAIN goes again, and only on a call of one slot's keys:
+// it is the one reply of the kind that says the script did not run
+// (Redis answers it before running a command whose keys a resharding has
+// split between two masters) and ends within the Limiter's timeout.
+// MOVED and ASK the Cluster client follows itself; it also sends a command
+// again on READONLY, from a replica that was its master. LOADING, BUSY,
+// MASTERDOWN, CLUSTERDOWN (a master failed, and the cluster waits for the
+// node timeout and a vote) last seconds: sent again, a decision would wait
+// out its whole timeout for the same reply. A cross-slot batch goes on its
+// master's own client, which follows no redirect: refused with TRYAGAIN,
+// it goes again at once, each of its decisions alone through the Cluster
+// client (batch.go), and each of those calls comes here.
+//
+// The pause is at most half of what is left until ctx's deadline, so that
+// the call sent after it has time to be answered, and there is none once
+// that half is below firstTryAgainPause; with no deadline, the pauses add
+// up to at most tryAgainFor. It returns false once ctx is done.
+func tryAgain(ctx context.Context, sc *script, err error, try int) bool {
+	if sc == crossSlotDecider || !redis.HasErrorPrefix(err, "TRYAGAIN") {
+		return false
+	}
+	pause := min(firstTryAgainPause<<min(try, 8), lastTryAgainPause)
+	if d, ok := ctx.Deadline(); ok {
+		pause = min(pause, time.Until(d)/2)
+	} else if time.Duration(try)*lastTryAgainPause >= tryAgainFor {
+		// No pause is longer than the last, so the try pauses so far
+		// took at most try times it.
+		return false
+	}
+	if pause < firstTryAgainPause {
+		return false // too close to the deadline for a pause and a call
+	}
+	timer := time.NewTimer(pause)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // newScriptCmd returns the command of a script call of args: for one short
