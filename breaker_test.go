@@ -486,3 +486,15 @@ func TestBreakerCountsABatchOnce(t *testing.T) {
 		})
 	}
 }
+
+// An open breaker met after the Limiter's deadline passed is named once, as
+// the open breaker of its server: no reply was due from a server not asked
+// (the failover run had logged "no reply within 100ms from …: … circuit open").
+func TestCircuitOpenNamedOnce(t *testing.T) {
+	tr := &transport{timeout: 100 * time.Millisecond}
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	err := tr.explain(context.Background(), ctx, true, &server{name: "127.0.0.1:7921"}, ErrCircuitOpen)
+	require.ErrorIs(t, err, ErrCircuitOpen)
+	require.Equal(t, "ratelimit: 127.0.0.1:7921: circuit open after repeated Redis failures", err.Error())
+}

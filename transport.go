@@ -350,7 +350,7 @@ func (t *transport) explain(caller, ctx context.Context, ours bool, srv *server,
 	if srv != nil {
 		name = srv.name
 	}
-	if ours && expired(ctx) {
+	if ours && expired(ctx) && !errors.Is(err, ErrCircuitOpen) { // an open breaker asked no server: no reply was due
 		addr := ""
 		if t.cluster != nil {
 			addr = name
