@@ -159,6 +159,18 @@ type heldCalls struct {
 	sizes []int // requests per script call, in the order they were made
 }
 
+// heldClient returns a client of the server at addr, with the script loaded
+// so that each call is one EVALSHA, whose script calls a heldCalls holds
+// (maxInFlight of them), and a fake clock for its Limiter.
+func heldClient(t *testing.T, addr string) (*redis.Client, *heldCalls, *clock.Fake) {
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	require.NoError(t, client.ScriptLoad(context.Background(), slidingWindowSource).Err())
+	hook := newHeldCalls(maxInFlight)
+	client.AddHook(hook)
+	return client, hook, clock.NewFake(time.UnixMilli(1_700_002_800_000))
+}
+
 func newHeldCalls(hold int) *heldCalls {
 	return &heldCalls{hold: hold, held: make(chan struct{}, hold), release: make(chan struct{})}
 }
@@ -388,13 +400,7 @@ func TestBatchWithBadKey(t *testing.T) {
 		for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 			t.Run(b.name+"/"+policy.String(), func(t *testing.T) {
 				ctx := context.Background()
-				client := redis.NewClient(&redis.Options{Addr: b.addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
-				t.Cleanup(func() { _ = client.Close() })
-				// Loaded, so that each call is one EVALSHA.
-				require.NoError(t, client.ScriptLoad(ctx, slidingWindowSource).Err())
-				hook := newHeldCalls(maxInFlight)
-				client.AddHook(hook)
-				clk := clock.NewFake(time.UnixMilli(1_700_002_800_000))
+				client, hook, clk := heldClient(t, b.addr(t))
 				var mu sync.Mutex
 				handled := map[string][]error{}
 				l := New(client, WithClock(clk.Now), WithTimeout(time.Minute), WithFailurePolicy(policy),

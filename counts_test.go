@@ -33,13 +33,7 @@ func TestBatchWithChargePast2To53(t *testing.T) {
 	for _, b := range countBackends {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
-			client := redis.NewClient(&redis.Options{Addr: b.addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = client.Close() })
-			// Loaded, so that each call is one EVALSHA.
-			require.NoError(t, client.ScriptLoad(ctx, slidingWindowSource).Err())
-			hook := newHeldCalls(maxInFlight)
-			client.AddHook(hook)
-			clk := clock.NewFake(time.UnixMilli(1_700_002_800_000))
+			client, hook, clk := heldClient(t, b.addr(t))
 			var mu sync.Mutex
 			var handled []error
 			l := New(client, WithClock(clk.Now), WithTimeout(time.Minute),
