@@ -86,16 +86,17 @@ const queuedCalls = 16
 // pending is one decision waiting for its batch; done receives its replies
 // once, when its requests are decided or their call failed.
 type pending struct {
-	ctx          context.Context // the caller's, with the Limiter's deadline
-	ours         bool            // the Limiter's timeout set ctx's deadline
+	leave        context.Context // done when its caller stops waiting
+	wire         context.Context // its call's: the Limiter's deadline, the caller's values
 	reqs         []*request
 	keys, values int // what its requests add to a call
 	done         chan batchReply
 }
 
-// newPending returns a pending decision of reqs.
-func newPending(ctx context.Context, ours bool, reqs []*request) *pending {
-	p := &pending{ctx: ctx, ours: ours, reqs: reqs, done: make(chan batchReply, 1)}
+// newPending returns a pending decision of reqs whose caller waits until
+// leave is done, and whose call is bounded by wire (see transport.do).
+func newPending(leave, wire context.Context, reqs []*request) *pending {
+	p := &pending{leave: leave, wire: wire, reqs: reqs, done: make(chan batchReply, 1)}
 	for _, r := range reqs {
 		k, v := r.callSize()
 		p.keys, p.values = p.keys+k, p.values+v
@@ -104,16 +105,22 @@ func newPending(ctx context.Context, ours bool, reqs []*request) *pending {
 }
 
 // batchReply is what a batch hands one of its decisions: replies of its own,
-// which the batch no longer touches.
+// which the batch no longer touches; or errUnsent, for a decision dropped
+// unsent because its caller left.
 type batchReply struct {
 	replies []reply
 	err     error
 }
 
+// errUnsent is the reply of a waiting decision dropped because its caller
+// left: nothing of it was sent.
+var errUnsent = errors.New("ratelimit: not sent: its caller left")
+
 // decide sends reqs, one decision's requests, in a batch and stores their
-// replies in out, or returns ctx's error if ctx is done first; the requests
-// may then still be decided, and counted, by a call already under way.
-func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []reply) error {
+// replies in out, or returns when leave is done first (see exchange); the
+// requests may then still be decided, and counted, by a call already under
+// way, which tells the callerLeft it returns if it fails.
+func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []reply) error {
 	few := b.deciding.Add(1) <= int64(b.t.few)
 	defer b.deciding.Add(-1)
 	b.mu.Lock()
@@ -123,7 +130,7 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 			// goroutine, through the client itself.
 			b.sending++
 			b.mu.Unlock()
-			err := b.t.exchange(ctx, ours, b.srv, b.t.client, decider, reqs, out)
+			err := b.t.exchange(leave, wire, b.srv, b.t.client, decider, reqs, out)
 			b.next()
 			return err
 		}
@@ -140,12 +147,12 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 		b.mu.Unlock()
 		select {
 		case <-room:
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-leave.Done():
+			return b.unsent(leave, wire)
 		}
 		b.mu.Lock()
 	}
-	p := newPending(ctx, ours, reqs)
+	p := newPending(leave, wire, reqs)
 	b.queue = append(b.queue, p)
 	b.waiting += len(reqs)
 	b.keys += p.keys
@@ -156,11 +163,32 @@ func (b *batcher) decide(ctx context.Context, ours bool, reqs []*request, out []
 	b.mu.Unlock()
 	select {
 	case r := <-p.done:
+		if r.err == errUnsent {
+			return b.unsent(leave, wire)
+		}
 		copy(out, r.replies)
 		return r.err
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-leave.Done():
 	}
+	if leave == wire {
+		return wire.Err()
+	}
+	gone := &callerLeft{err: leave.Err(), late: &late{}}
+	go func() { // until its call, if it is in one, ends
+		if r := <-p.done; r.err != nil && r.err != errUnsent {
+			gone.late.fail(b.t.explain(wire, b.srv, r.err))
+		}
+	}()
+	return gone
+}
+
+// unsent returns the error of a decision whose caller left before any of it
+// was sent: nothing to tell of Redis.
+func (b *batcher) unsent(leave, wire context.Context) error {
+	if leave == wire {
+		return ctxErr(wire)
+	}
+	return &callerLeft{err: ctxErr(leave)}
 }
 
 // fits reports whether reqs fit in the queue; b.mu is held. An empty queue
@@ -177,8 +205,9 @@ func (b *batcher) fits(reqs []*request) bool {
 func (b *batcher) prune() {
 	kept := b.queue[:0]
 	for _, p := range b.queue {
-		if expired(p.ctx) {
+		if expired(p.leave) {
 			b.waiting, b.keys = b.waiting-len(p.reqs), b.keys-p.keys
+			p.done <- batchReply{err: errUnsent}
 			continue
 		}
 		kept = append(kept, p)
@@ -231,8 +260,9 @@ func (b *batcher) take() []*pending {
 	reqs, keys, values, n := 0, 0, 0, 0
 	for ; n < len(b.queue); n++ {
 		p := b.queue[n]
-		if expired(p.ctx) {
+		if expired(p.leave) {
 			b.waiting, b.keys = b.waiting-len(p.reqs), b.keys-p.keys
+			p.done <- batchReply{err: errUnsent}
 			continue
 		}
 		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > maxCallKeys || values+p.values > maxCallValues) {
@@ -265,7 +295,7 @@ func (b *batcher) take() []*pending {
 // Cluster client, which follows redirects: nothing ran, so nothing counts
 // twice.
 func (b *batcher) send(batch []*pending) {
-	ctx, cancel, ours := callContext(batch)
+	ctx, cancel := callContext(batch)
 	defer cancel()
 	var reqs []*request
 	for _, p := range batch {
@@ -277,7 +307,7 @@ func (b *batcher) send(batch []*pending) {
 	if cross {
 		c, sc = b.srv.client, crossSlotDecider
 	}
-	err := b.t.exchange(ctx, ours, b.srv, c, sc, reqs, out)
+	err := b.t.exchange(ctx, ctx, b.srv, c, sc, reqs, out)
 	if refused, unsupported := refusedBatch(err); cross && (refused || errors.Is(err, redis.ErrClosed)) {
 		// A closed node client is one go-redis dropped from its slot map:
 		// the Cluster client knows where the keys went.
@@ -299,34 +329,32 @@ func (b *batcher) send(batch []*pending) {
 // alone sends the requests of p, a decision of a Cluster batch that its
 // master refused, in a call of their own through the Cluster client.
 func (t *transport) alone(p *pending) batchReply {
-	if expired(p.ctx) {
-		return batchReply{err: context.DeadlineExceeded}
+	if expired(p.leave) {
+		return batchReply{err: errUnsent}
 	}
 	out := make([]reply, len(p.reqs))
-	srv, err := t.serverFor(p.ctx, p.reqs[0].keys[0])
+	srv, err := t.serverFor(p.wire, p.wire, p.reqs[0].keys[0])
 	if err == nil {
-		err = t.exchange(p.ctx, p.ours, srv, t.client, decider, p.reqs, out)
+		err = t.exchange(p.wire, p.wire, srv, t.client, decider, p.reqs, out)
 	}
 	return batchReply{replies: out, err: err}
 }
 
 // callContext returns the context of a call for batch: the latest of its
-// decisions' deadlines (none if one has none), with the values of the first
-// decision's ctx (a trace, say), and whether the Limiter's timeout set some
-// decision's deadline: then a call that deadline ends is a Redis failure,
-// for every deadline of the batch has passed by then, that one included.
-func callContext(batch []*pending) (context.Context, context.CancelFunc, bool) {
+// decisions' call deadlines (none if one has none), with the values of the
+// first decision's ctx (a trace, say). With a Limiter timeout, a call that
+// deadline ends is a Redis failure: no reply came within the timeout of any
+// of them.
+func callContext(batch []*pending) (context.Context, context.CancelFunc) {
 	var latest time.Time
-	ours := false
 	for _, p := range batch {
-		d, ok := p.ctx.Deadline()
+		d, ok := p.wire.Deadline()
 		if !ok {
-			return context.WithoutCancel(batch[0].ctx), noCancel, false
+			return context.WithoutCancel(batch[0].wire), noCancel
 		}
-		latest, ours = later(latest, d), ours || p.ours
+		latest = later(latest, d)
 	}
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
-	return ctx, cancel, ours
+	return context.WithDeadline(context.WithoutCancel(batch[0].wire), latest)
 }
 
 // later returns the later of a and b.

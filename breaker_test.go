@@ -357,7 +357,7 @@ func TestCallsPastMaxInFlightRetire(t *testing.T) {
 	l := New(client, WithTimeout(time.Minute))
 	b := l.t.one.batch
 	d := l.newTestDecision("waiting", PerMinute(10))
-	p := newPending(context.Background(), false, d.reqs)
+	p := newPending(context.Background(), context.Background(), d.reqs)
 	b.mu.Lock()
 	b.queue, b.waiting, b.keys = []*pending{p}, len(p.reqs), p.keys
 	b.sending = maxInFlight + 2 // this call, and maxInFlight+1 others
@@ -500,7 +500,7 @@ func TestCircuitOpenNamedOnce(t *testing.T) {
 	tr := &transport{timeout: 100 * time.Millisecond}
 	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()
-	err := tr.explain(context.Background(), ctx, true, &server{name: "127.0.0.1:7921"}, ErrCircuitOpen)
+	err := tr.explain(ctx, &server{name: "127.0.0.1:7921"}, ErrCircuitOpen)
 	require.ErrorIs(t, err, ErrCircuitOpen)
 	require.Equal(t, "ratelimit: 127.0.0.1:7921: circuit open after repeated Redis failures", err.Error())
 }

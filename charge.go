@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"time"
@@ -162,10 +163,7 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 
 // sendRefund sends d, a refund's give-back, and reports what fails.
 func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error {
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
+	start := time.Now()
 	err := l.t.do(ctx, d.reqs, d.replies)
 	if err == nil {
 		err = d.replies[0].err
@@ -175,20 +173,22 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 			l.denied.forget(id, d.spans[i].pos)
 		}
 	}
+	if gone := (*callerLeft)(nil); errors.As(err, &gone) { // it may yet land
+		l.reportLate(ctx, d, id, start, gone)
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	var took time.Duration
 	if l.observer != nil {
 		took = time.Since(start)
 	}
-	if err != nil && !expired(ctx) {
+	if err != nil {
 		l.onError(ctx, id, err)
 	}
 	if l.observer != nil {
 		l.observe(ctx, d, id, SourceRedis, took, err, err == nil)
 	}
 	if err != nil {
-		if expired(ctx) {
-			return ctx.Err()
-		}
 		return wrap("ratelimit: refund", err)
 	}
 	return nil

@@ -54,7 +54,7 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 			var batch []*pending
 			for _, id := range tc.ids {
 				d := l.newTestDecision(id, limit)
-				batch = append(batch, newPending(ctx, false, d.reqs))
+				batch = append(batch, newPending(ctx, ctx, d.reqs))
 			}
 			srv.batch.send(batch)
 			for i, p := range batch {

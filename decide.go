@@ -34,6 +34,9 @@ type decision struct {
 	// charge: a Charge, which counts whatever the counts; refund: a
 	// Refund's give-back (see charge.go).
 	charge, refund bool
+	// left: a copy of a decision whose caller left, for the Event of its
+	// call's failure (see reportLate).
+	left bool
 }
 
 // one holds a decision of one limit, beside it on its caller's stack: a
@@ -148,10 +151,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if merged {
 		reqs, replies = d.sending(reqs, gives)
 	}
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
+	start := time.Now()
 	err := l.t.do(ctx, reqs, replies)
 	if merged {
 		d.received(replies, len(gives))
@@ -175,22 +175,25 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		if leased && !look {
 			l.leases.settle(id, d, false)
 		}
+		if gone := (*callerLeft)(nil); errors.As(err, &gone) {
+			// The caller left before Redis answered: no decision. A
+			// failure of its call, judged by the Limiter's timeout, is
+			// reported when it comes.
+			l.reportLate(ctx, d, id, start, gone)
+			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
+			return ctx.Err()
+		}
 		if d.charge && errors.Is(err, ErrInvalidCost) {
 			// Redis refused the cost (see sliding_window.lua): the
 			// caller's input, not a failure of Redis, and nothing counted.
 			return err
 		}
-		if d.charge && !expired(ctx) {
+		if d.charge {
 			l.onError(ctx, id, err)
 			if l.observer != nil {
 				l.observe(ctx, d, id, SourceRedis, took, err, false)
 			}
 			return wrap("ratelimit: charge", err)
-		}
-		if expired(ctx) {
-			// The caller left: no decision, and no Redis failure either.
-			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
-			return ctx.Err()
 		}
 		return l.fail(ctx, d, id, took, err)
 	}
@@ -439,7 +442,7 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 	case d.refund:
 		e.Kind, e.Cost = EventRefund, -d.cost
 	}
-	e.Shadow = l.shadow
+	e.Shadow, e.Left = l.shadow, d.left
 	for _, limit := range d.limits {
 		e.Shadow = e.Shadow || limit.Shadow
 	}

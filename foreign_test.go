@@ -157,7 +157,7 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f foreign, lim
 			var batch []*pending
 			for _, id := range ids {
 				d := l.newTestDecision(id, limit)
-				batch = append(batch, newPending(ctx, false, d.reqs))
+				batch = append(batch, newPending(ctx, ctx, d.reqs))
 			}
 			b.send(batch)
 			for i, p := range batch {

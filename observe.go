@@ -67,6 +67,14 @@ type Event struct {
 	// refund's Results are those it was given, and its Cost what it gave
 	// back.
 	Kind EventKind
+	// Left reports that the caller's ctx was done before Redis answered:
+	// the caller got its ctx's error and no decision, and its call went on,
+	// bounded by the Limiter's timeout (WithTimeout), and failed; Err says
+	// how. Such an Event comes when the call fails, from another goroutine,
+	// after the caller has gone on: its Results hold only their Limits,
+	// Allowed is false, and Duration runs from the call's start to its
+	// failure.
+	Left bool
 
 	results []Result // Results' storage, reused
 }
@@ -99,7 +107,9 @@ func (k EventKind) String() string {
 
 // Observer sees every decision a Limiter makes, on the caller's goroutine,
 // after the decision and before the caller gets it: it should be quick and
-// safe for simultaneous use. The Event is valid only during the call.
+// safe for simultaneous use. The Event is valid only during the call. The
+// one Event that comes later, from another goroutine, is that of a call
+// that failed after its caller left (Event.Left).
 type Observer interface {
 	Observe(ctx context.Context, e *Event)
 }

@@ -38,6 +38,9 @@ type transport struct {
 	cluster    *redis.ClusterClient // nil unless the client is a Cluster's
 	servers    sync.Map             // a Cluster master's address -> *server
 	crossOff   atomic.Bool          // the masters cannot run cross-slot scripts
+	mapped     atomic.Bool          // the Cluster client has its slot map
+	mapMu      sync.Mutex           // guards loading
+	loading    *mapLoad             // the slot map's load in flight, if any
 	nextReload atomic.Int64         // Unix ns before which the slot map is not reloaded again
 	checked    sync.Map             // names of the servers whose eviction policy was looked up
 	tick       atomic.Pointer[tick] // the last deadline made for a ctx that is never canceled
@@ -125,35 +128,68 @@ func serverName(c *redis.Client) string {
 
 // do sends one decision's requests, at once or in a batch with other
 // decisions', and stores each request's reply in out. The Limiter's timeout
-// counts from here.
+// counts from here, and bounds the call on the wire whatever the caller's
+// own deadline (see wire): a caller who leaves first gets a *callerLeft,
+// through which a failure of its call is told later.
 func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error {
 	if err := ctx.Err(); err != nil { // send nothing for a caller who is gone
-		return err
+		return &callerLeft{err: err}
 	}
-	caller := ctx
-	ctx, cancel, ours := t.deadline(ctx)
+	wire, cancel, detached := t.wire(ctx)
 	defer cancel()
-	srv, err := t.serverFor(ctx, reqs[0].keys[0])
+	leave := wire // the caller waits as long as the call's deadline
+	if detached {
+		leave = ctx // or less
+	}
+	srv, err := t.serverFor(leave, wire, reqs[0].keys[0])
 	if err == nil {
 		if b := t.batcherOf(srv); b != nil {
-			err = b.decide(ctx, ours, reqs, out)
+			err = b.decide(leave, wire, reqs, out)
 		} else {
-			err = t.exchange(ctx, ours, srv, t.client, decider, reqs, out)
+			err = t.exchange(leave, wire, srv, t.client, decider, reqs, out)
 		}
 	}
 	if err == nil {
 		return nil
 	}
-	return t.explain(caller, ctx, ours, srv, err)
+	if expired(ctx) {
+		return t.left(ctx, wire, srv, err)
+	}
+	return t.explain(wire, srv, err)
+}
+
+// left returns the error of a decision whose caller's ctx is done: err if it
+// is a *callerLeft already; else one that tells err, a failure of Redis the
+// call met while its caller still waited, unless the caller's own ctx ended
+// the call (abandoned), which says nothing of Redis.
+func (t *transport) left(ctx, wire context.Context, srv *server, err error) error {
+	var gone *callerLeft
+	if errors.As(err, &gone) {
+		return gone
+	}
+	gone = &callerLeft{err: ctxErr(ctx)}
+	if !t.abandoned(wire) {
+		gone.late = &late{}
+		gone.late.fail(t.explain(wire, srv, err))
+	}
+	return gone
 }
 
 // serverFor returns the server that serves key: on a Cluster, its master as
-// the client's slot map has it now.
-func (t *transport) serverFor(ctx context.Context, key string) (*server, error) {
+// the client's slot map has it now. A Cluster client without a slot map yet
+// loads one first, which its caller waits for until leave is done (see
+// awaitMap): go-redis loads it on the caller's goroutine, bounded by its
+// own timeouts, not by the call's deadline.
+func (t *transport) serverFor(leave, wire context.Context, key string) (*server, error) {
 	if t.cluster == nil {
 		return t.one, nil
 	}
-	node, err := t.cluster.MasterForKey(ctx, key)
+	if !t.mapped.Load() {
+		if err := t.awaitMap(leave, wire); err != nil {
+			return nil, err
+		}
+	}
+	node, err := t.cluster.MasterForKey(wire, key)
 	if err != nil {
 		t.reload()
 		return nil, err
@@ -187,6 +223,73 @@ func (t *transport) serverFor(ctx context.Context, key string) (*server, error) 
 	}
 }
 
+// A mapLoad is a load of the Cluster client's slot map, in a goroutine of
+// its own: err is set before done is closed.
+type mapLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// awaitMap waits until the Cluster client has its slot map, or leave is
+// done. One load is in flight at a time; decisions that come while it lasts
+// wait for it. A caller who leaves before wire's deadline gets a
+// *callerLeft, told the load's failure if it fails by then.
+func (t *transport) awaitMap(leave, wire context.Context) error {
+	t.mapMu.Lock()
+	m := t.loading
+	if m == nil {
+		m = &mapLoad{done: make(chan struct{})}
+		t.loading = m
+		go t.loadMap(m)
+	}
+	t.mapMu.Unlock()
+	select {
+	case <-m.done:
+		return m.err
+	case <-leave.Done():
+	}
+	if leave == wire {
+		return fmt.Errorf("loading its slot map: %w", wire.Err())
+	}
+	gone := &callerLeft{err: leave.Err(), late: &late{}}
+	go func() {
+		var err error
+		select {
+		case <-m.done:
+			err = m.err
+		case <-wire.Done():
+			err = fmt.Errorf("loading its slot map: %w", wire.Err())
+		}
+		if err != nil {
+			gone.late.fail(t.explain(wire, nil, err))
+		}
+	}()
+	return gone
+}
+
+// loadMap loads the Cluster client's slot map for m, within go-redis's own
+// timeouts and at most slotMapWait (a client that stops at its ctx's
+// deadline), then ends the load: the next decision without a map starts
+// another.
+func (t *transport) loadMap(m *mapLoad) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(t.timeout, slotMapWait))
+	defer cancel()
+	if _, err := t.cluster.MasterForKey(ctx, ""); err != nil {
+		m.err = fmt.Errorf("loading its slot map: %w", err)
+	} else {
+		t.mapped.Store(true)
+	}
+	t.mapMu.Lock()
+	t.loading = nil
+	t.mapMu.Unlock()
+	close(m.done)
+}
+
+// slotMapWait bounds a load of a Cluster client's slot map, on a client
+// that stops at its ctx's deadline, when the Limiter's timeout is shorter:
+// a large Cluster's map may take longer than a decision waits.
+const slotMapWait = time.Second
+
 // forgetStale drops the Cluster servers no decision has used for
 // staleServer.
 func (t *transport) forgetStale(now int64) {
@@ -208,10 +311,13 @@ func (t *transport) batcherOf(srv *server) *batcher {
 
 // exchange makes one script call of sc for reqs through c, as a call to
 // srv: srv's breaker is asked first and told how it went, one call, one
-// success or failure. ours says that ctx's deadline is the Limiter's
-// timeout, so that a call it ends is a Redis failure; a call ended by its
-// caller's own ctx says nothing of Redis.
-func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+// success or failure, judged by wire, the call's context. Its caller waits
+// until leave is done: wire itself, or the caller's own ctx when its
+// deadline comes before wire's (see wire). Then a caller who leaves first
+// gets a *callerLeft, and the call goes on to wire's deadline in a
+// goroutine of its own, which tells the breaker, and the callerLeft's late,
+// how it went.
+func (t *transport) exchange(leave, wire context.Context, srv *server, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
 	probe := false
 	if b := srv.breaker; b != nil {
 		ok, p := b.allow()
@@ -221,8 +327,33 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 		}
 		probe = p
 	}
-	err := t.call(ctx, c, sc, reqs, out)
-	left := err != nil && (errors.Is(ctx.Err(), context.Canceled) || expired(ctx) && !ours)
+	var err error
+	if leave == wire && (t.ctxAware || wire.Done() == nil) {
+		err = t.call(wire, c, sc, reqs, out)
+	} else {
+		vals, w, callErr := sendWatched(leave, wire, c, sc, reqs)
+		switch {
+		case w != nil && leave != wire: // the caller left before the Limiter's deadline
+			gone := &callerLeft{err: leave.Err(), late: &late{}}
+			go t.judgeLate(w, wire, srv, probe, gone.late)
+			return gone
+		case w != nil:
+			err = wire.Err()
+		case callErr != nil:
+			err = callErr
+		default:
+			err = decodeReply(vals, reqs, out)
+		}
+	}
+	t.judge(wire, srv, probe, err)
+	return err
+}
+
+// judge tells srv's breaker how a call that wire bounded went, and has the
+// slot map reloaded after an outage; the first success on a server has its
+// eviction policy checked.
+func (t *transport) judge(wire context.Context, srv *server, probe bool, err error) {
+	left := err != nil && t.abandoned(wire)
 	if b := srv.breaker; b != nil {
 		switch {
 		case left:
@@ -243,7 +374,30 @@ func (t *transport) exchange(ctx context.Context, ours bool, srv *server, c redi
 			}
 		}
 	}
-	return err
+}
+
+// abandoned reports whether a call that wire bounded ended for its caller's
+// sake, not Redis's: wire was canceled (its caller's ctx was), or its
+// deadline, which passed, was the caller's own (no Limiter timeout).
+func (t *transport) abandoned(wire context.Context) bool {
+	return errors.Is(wire.Err(), context.Canceled) || t.timeout <= 0 && expired(wire)
+}
+
+// judgeLate waits for the end of w, a call whose caller left, or for wire's
+// deadline, whichever comes first, and judges the call by it: a failure goes
+// to the breaker and to l.
+func (t *transport) judgeLate(w *watchedCall, wire context.Context, srv *server, probe bool, l *late) {
+	var err error
+	select {
+	case <-w.done:
+		err = w.err
+	case <-wire.Done():
+		err = wire.Err()
+	}
+	t.judge(wire, srv, probe, err)
+	if err != nil {
+		l.fail(t.explain(wire, srv, err))
+	}
 }
 
 // call sends one script call of sc for reqs to c and decodes its reply into
@@ -256,7 +410,10 @@ func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 	if t.ctxAware || ctx.Done() == nil {
 		vals, err = send(ctx, c, sc, reqs)
 	} else {
-		vals, err = sendWatched(ctx, c, sc, reqs)
+		var w *watchedCall
+		if vals, w, err = sendWatched(ctx, ctx, c, sc, reqs); w != nil {
+			err = ctx.Err()
+		}
 	}
 	if err != nil {
 		return err
@@ -289,10 +446,11 @@ func (w *watchedCall) run() {
 	w.done <- struct{}{}
 }
 
-// sendWatched is send on a goroutine of its own, as watch runs a command:
-// it returns the reply, or ctx's error if ctx is done first. A call whose
-// caller left is its goroutine's until the client's own timeouts end it.
-func sendWatched(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
+// sendWatched is send under ctx on a goroutine of its own, as watch runs a
+// command: it returns the reply, or the call itself if leave is done first,
+// which is then its goroutine's until the client's own timeouts end it: its
+// done receives once, when it ends.
+func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, *watchedCall, error) {
 	w := watchedCalls.Get().(*watchedCall)
 	w.ctx, w.c, w.sc, w.reqs = ctx, c, sc, reqs
 	go w.run()
@@ -301,9 +459,9 @@ func sendWatched(ctx context.Context, c redis.UniversalClient, sc *script, reqs 
 		vals, err := w.vals, w.err
 		*w = watchedCall{done: w.done}
 		watchedCalls.Put(w)
-		return vals, err
-	case <-ctx.Done():
-		return nil, ctx.Err()
+		return vals, nil, err
+	case <-leave.Done():
+		return nil, w, nil
 	}
 }
 
@@ -339,18 +497,15 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*requ
 var argLists = sync.Pool{New: func() any { return new([]any) }}
 
 // explain returns the error of a decision that Redis did not make, saying
-// what failed: the caller's own ctx error as it is when the caller left;
-// otherwise the server, and for a call the Limiter's timeout ended, that
-// timeout and the last dial error the client met on that server.
-func (t *transport) explain(caller, ctx context.Context, ours bool, srv *server, err error) error {
-	if expired(caller) {
-		return err
-	}
+// what failed: the server, and for a call the Limiter's timeout ended (its
+// context, wire, expired), that timeout and the last dial error the client
+// met on that server.
+func (t *transport) explain(wire context.Context, srv *server, err error) error {
 	name := "Redis Cluster"
 	if srv != nil {
 		name = srv.name
 	}
-	if ours && expired(ctx) && !errors.Is(err, ErrCircuitOpen) { // an open breaker asked no server: no reply was due
+	if t.timeout > 0 && expired(wire) && !errors.Is(err, ErrCircuitOpen) { // an open breaker asked no server: no reply was due
 		addr := ""
 		if t.cluster != nil {
 			addr = name
@@ -393,6 +548,26 @@ func (t *transport) breakerOpen() bool {
 	return open
 }
 
+// wire returns the context of a decision's call to Redis: ctx bounded by
+// the Limiter's timeout, as deadline makes it, and whether it is detached
+// from ctx. A ctx whose own deadline comes first gets one detached: ctx's
+// values, and the Limiter's deadline, never canceled. Its caller leaves at
+// its own deadline, but its call, once sent, is judged by the Limiter's
+// bound: Redis answering within the timeout is health, and no answer within
+// it is a failure, whoever still waits.
+func (t *transport) wire(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	d, ok := ctx.Deadline()
+	if t.timeout <= 0 || !ok || time.Until(d) > t.timeout {
+		wire, cancel, _ := t.deadline(ctx)
+		return wire, cancel, false
+	}
+	if t.timeout <= maxTickTimeout {
+		return &tickCtx{Context: context.WithoutCancel(ctx), tick: t.tickAfter(time.Now())}, noCancel, true
+	}
+	wire, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.timeout)
+	return wire, cancel, true
+}
+
 // deadline returns ctx bounded by the Limiter's timeout, and whether that
 // timeout set its deadline; ctx itself when its own deadline comes first or
 // there is no timeout. A ctx that is never canceled (its Done is nil:
@@ -424,7 +599,7 @@ func (t *transport) deadline(ctx context.Context) (context.Context, context.Canc
 // A tick's timer lives until its end, not until its decisions end: at most
 // 1,024 ticks (the timeout over tickLen) are waiting at once.
 type tickCtx struct {
-	context.Context // the caller's, whose Done is nil: its values
+	context.Context // the caller's, never canceled: its values
 	tick            *tick
 }
 
@@ -481,6 +656,15 @@ func (t *transport) tickAfter(now time.Time) *tick {
 }
 
 func noCancel() {}
+
+// ctxErr returns the error of ctx, which expired reports done: its deadline
+// may have passed before its timer fired.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
+}
 
 // expired reports whether ctx is done or its deadline has passed: a client
 // that stops at the deadline itself (ContextTimeoutEnabled) can return, with

@@ -230,16 +230,18 @@ func (o *Observer) attrs(name string) *policyAttrs {
 }
 
 // Observe records one decision: it implements ratelimit.Observer. Of a
-// Charge or a Refund it records the Redis call's duration only. It counts
+// Charge, a Refund, or a call whose caller left (Event.Left) it records
+// the Redis call's duration only. It counts
 // the decision under the policy of the Result that decided (see
 // decidingPolicy); records the Redis call's duration if one was made; and
 // counts each admitted Result at or above the near-limit fraction of its
 // Rate, unless the decision was a look or the failure policy's.
 func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
-	if e.Kind != ratelimit.EventDecision {
+	if e.Kind != ratelimit.EventDecision || e.Left {
 		// A Charge or a Refund decides nothing: its Redis call is one, but
 		// it is no decision, and a refund's Results are a decision already
-		// counted.
+		// counted. Nor does a call whose caller left (Event.Left): its
+		// failure is a Redis call's duration, with the error's type.
 		if e.Duration > 0 {
 			o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
 		}
