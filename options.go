@@ -17,7 +17,11 @@ const defaultTimeout = 100 * time.Millisecond
 const defaultPrefix = "ratelimit"
 
 // FailurePolicy decides a request when Redis cannot: when it is unreachable,
-// slow past the timeout, or answers with an error.
+// slow past the timeout, or answers with an error. It decides only for a
+// caller who still waits: one whose own ctx is done first (its deadline
+// shorter than WithTimeout's, or canceled) gets its ctx's error and no
+// Result; its call's failure still goes to the error handler and the
+// Observer (Event.Left), and counts toward the circuit breaker.
 type FailurePolicy int
 
 const (
@@ -131,8 +135,21 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 }
 
 // WithTimeout bounds the time one decision spends on Redis (default
-// 100ms), dial, retries and all, from the moment it asks, queue included.
-// Past it the decision goes to the failure policy. The bound holds whatever the client's own timeouts:
+// 100ms), dial, retries and all, a Cluster client's first load of its slot
+// map too, from the moment it asks, queue included. Past it the decision
+// goes to the failure policy, and the circuit breaker counts a failure.
+//
+// It is also how Redis is judged whatever the caller's own deadline: a
+// caller whose ctx is done first gets its ctx's error (no Result, no
+// failure policy), while its call, if already sent, goes on to this bound.
+// Redis answering within it is health; no answer within it is a failure
+// that the breaker counts and that reaches the error handler and the
+// Observer (as an Event with Left set), later, from another goroutine.
+// So callers with deadlines of a few ms neither hide an outage nor make a
+// slow but healthy Redis look like one. Nothing is sent for a caller who
+// has left.
+//
+// The bound holds whatever the client's own timeouts:
 // with a client whose ContextTimeoutEnabled is false (go-redis's default) the
 // Limiter stops waiting for the reply itself, and the client gives up on the
 // connection later, after its ReadTimeout. For a ctx that is never

@@ -1,0 +1,196 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+// leftEvents records the Events of calls whose callers left (Event.Left),
+// which come from other goroutines.
+type leftEvents struct {
+	mu   sync.Mutex
+	errs []error
+	bad  error // an Event of the kind that is not what Left says
+}
+
+func (o *leftEvents) Observe(_ context.Context, e *ratelimit.Event) {
+	if !e.Left {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.errs = append(o.errs, e.Err)
+	if e.Allowed || e.Err == nil || len(e.Results) != 1 || e.Results[0].Limit.Rate == 0 || e.Results[0].Allowed {
+		o.bad = fmt.Errorf("a Left Event: %+v", *e)
+	}
+}
+
+func (o *leftEvents) get() ([]error, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]error(nil), o.errs...), o.bad
+}
+
+// With Redis blackholed and callers whose deadlines (50 ms) are shorter than
+// the Limiter's timeout (the default, 100 ms), each call on the wire is
+// judged by that timeout: its failure is counted by the breaker, which
+// opens after DefaultBreakerFailures of them; decisions after that come from
+// the policy before their callers' deadlines; and every failure reaches the
+// error handler and the Observer, as an Event with Left set. Before the
+// Limiter judged them by its own bound, each of the 20 waited its 50 ms, the
+// breaker never opened, and no one heard of the outage.
+func TestShortDeadlinesOpenTheBreaker(t *testing.T) {
+	const (
+		deadline = 50 * time.Millisecond
+		calls    = 20
+	)
+	srv := redistest.Start(t)
+	limit := ratelimit.PerMinute(1000)
+	for _, ctxAware := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			proxy := redistest.StartProxy(t, srv.Addr)
+			opts := slowClient(proxy.Addr, ctxAware)
+			opts.MaxRetries = -1
+			client := newClient(t, opts)
+			h := &errorLog{}
+			events := &leftEvents{}
+			l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events))
+			res, err := l.Allow(context.Background(), "warm-up", limit) // the server has the script
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+
+			proxy.Hang()
+			defer proxy.Resume()
+			left, fast, lastLeft := 0, -1, -1
+			var fastTook time.Duration
+			for i := range calls {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				begin := time.Now()
+				res, err := l.Allow(ctx, "id", limit)
+				took := time.Since(begin)
+				cancel()
+				switch {
+				case errors.Is(err, context.DeadlineExceeded):
+					left, lastLeft = left+1, i
+				case err == nil && res.Degraded && res.Allowed:
+					if fast < 0 {
+						fast, fastTook = i, took
+					}
+				default:
+					t.Fatalf("decision %d: %+v, %v", i, res, err)
+				}
+				require.Less(t, took, deadline+loadSlack, "decision %d", i)
+			}
+			require.Positive(t, fast, "no decision came from the open breaker's policy")
+			require.Less(t, lastLeft, fast, "once the breaker opened, every decision came from the policy (its cooldown outlasts the run)")
+			require.True(t, l.Stats().BreakerOpen)
+			require.GreaterOrEqual(t, left, ratelimit.DefaultBreakerFailures, "callers that left before the breaker opened")
+			// Each caller that left while its call was on the wire is told
+			// of, late, when the Limiter's timeout ends the call.
+			require.Eventually(t, func() bool { errs, _ := events.get(); return len(errs) == left }, 10*time.Second, time.Millisecond,
+				"a Left Event for each of the %d callers that left", left)
+			errs, bad := events.get()
+			require.NoError(t, bad)
+			for _, err := range errs {
+				require.ErrorContains(t, err, "no reply within 100ms from "+proxy.Addr)
+			}
+			handled := h.all()
+			// The handler hears of every failure: each caller that left,
+			// and each decision the policy made.
+			require.Len(t, handled, calls)
+			t.Logf("%d callers left; the breaker opened, and decision %d came from the policy in %v; %d errors handled",
+				left, fast, fastTook, len(handled))
+		})
+	}
+}
+
+// A healthy Redis that answers in 30 ms, well within the Limiter's timeout,
+// is no outage because its callers gave up after 10 ms: their calls,
+// judged by the Limiter's timeout, succeed; the breaker stays closed and
+// the error handler hears nothing.
+func TestSlowRedisShortCallersNoOutage(t *testing.T) {
+	const (
+		deadline = 10 * time.Millisecond
+		delay    = 30 * time.Millisecond
+		timeout  = 500 * time.Millisecond // ample for a 30 ms reply on a loaded machine
+	)
+	srv := redistest.Start(t)
+	limit := ratelimit.PerMinute(1000)
+	for _, ctxAware := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			proxy := redistest.StartProxy(t, srv.Addr)
+			opts := slowClient(proxy.Addr, ctxAware)
+			opts.MaxRetries = -1
+			client := newClient(t, opts)
+			h := &errorLog{}
+			events := &leftEvents{}
+			l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(timeout),
+				ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events))
+			_, err := l.Allow(context.Background(), "warm-up", limit)
+			require.NoError(t, err)
+
+			proxy.Delay(delay)
+			for i := range 20 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				_, err := l.Allow(ctx, "id", limit)
+				cancel()
+				require.ErrorIs(t, err, context.DeadlineExceeded, "decision %d", i)
+				require.False(t, l.Stats().BreakerOpen, "decision %d", i)
+			}
+			// The calls went on and were counted: 20 of them, and the
+			// warm-up's.
+			ctx := context.Background()
+			require.Eventually(t, func() bool {
+				res, err := l.Peek(ctx, "id", limit)
+				return err == nil && res.Count == 20
+			}, 10*time.Second, time.Millisecond, "the calls of the callers that left were decided")
+			require.False(t, l.Stats().BreakerOpen)
+			require.Empty(t, h.all())
+			errs, _ := events.get()
+			require.Empty(t, errs)
+		})
+	}
+}
+
+// A Cluster client that has no slot map yet, whose seed node accepts
+// connections and never answers, costs each decision the Limiter's timeout
+// and not go-redis's own (about 5 s with its defaults): the map is loaded in
+// a goroutine that decisions wait for within their deadlines, and they go
+// to the policy.
+func TestClusterWithoutSlotMap(t *testing.T) {
+	t.Parallel()
+	const timeout = 100 * time.Millisecond
+	seed := redistest.Silent(t)
+	for _, ctxAware := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{seed}, ContextTimeoutEnabled: ctxAware})
+			defer func() { _ = client.Close() }()
+			var handled atomic.Int64
+			var last atomic.Value
+			l := ratelimit.New(client, ratelimit.WithTimeout(timeout),
+				ratelimit.WithErrorHandler(func(_ context.Context, _ string, err error) { handled.Add(1); last.Store(err) }))
+			for i := range 5 {
+				begin := time.Now()
+				res, err := l.Allow(context.Background(), fmt.Sprint("id-", i), ratelimit.PerSecond(10))
+				took := time.Since(begin)
+				require.NoError(t, err)
+				require.True(t, res.Degraded && res.Allowed, "decision %d: %+v", i, res)
+				require.Less(t, took, timeout+loadSlack, "decision %d", i)
+				t.Logf("decision %d: from the policy after %v", i, took)
+			}
+			require.Equal(t, int64(5), handled.Load())
+			require.ErrorContains(t, last.Load().(error), "loading its slot map")
+		})
+	}
+}
