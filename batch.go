@@ -174,8 +174,8 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []rep
 		return wire.Err()
 	}
 	gone := &callerLeft{err: leave.Err(), late: &late{}}
-	go func() { // until its call, if it is in one, ends
-		if r := <-p.done; r.err != nil && r.err != errUnsent {
+	go func() { // until its call, if it is in one, ends: one that was made
+		if r := <-p.done; r.err != nil && r.err != errUnsent && !errors.Is(r.err, ErrCircuitOpen) {
 			gone.late.fail(b.t.explain(wire, b.srv, r.err))
 		}
 	}()

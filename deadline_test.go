@@ -194,3 +194,64 @@ func TestClusterWithoutSlotMap(t *testing.T) {
 		})
 	}
 }
+
+// The same outage with callers deciding at once, so that their decisions
+// wait and go in batches: each batch's call is judged by the Limiter's
+// timeout, not by its callers' shorter deadlines, and the breaker opens.
+func TestShortDeadlinesOpenTheBreakerBatched(t *testing.T) {
+	const (
+		deadline = 50 * time.Millisecond
+		callers  = 32
+	)
+	srv := redistest.Start(t)
+	limit := ratelimit.PerMinute(1000)
+	for _, ctxAware := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			proxy := redistest.StartProxy(t, srv.Addr)
+			opts := slowClient(proxy.Addr, ctxAware)
+			opts.MaxRetries = -1
+			client := newClient(t, opts)
+			h := &errorLog{}
+			events := &leftEvents{}
+			l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events))
+			_, err := l.Allow(context.Background(), "warm-up", limit)
+			require.NoError(t, err)
+
+			proxy.Hang()
+			defer proxy.Resume()
+			var left, policy atomic.Int64
+			var failed firstError
+			var wg sync.WaitGroup
+			for g := range callers {
+				wg.Go(func() {
+					for policy.Load() == 0 || left.Load() == 0 { // until the breaker has opened
+						ctx, cancel := context.WithTimeout(context.Background(), deadline)
+						res, err := l.Allow(ctx, fmt.Sprint("id-", g), limit)
+						cancel()
+						switch {
+						case errors.Is(err, context.DeadlineExceeded):
+							left.Add(1)
+						case err == nil && res.Degraded && res.Allowed:
+							policy.Add(1)
+						default:
+							failed.report(fmt.Errorf("%+v, %v", res, err))
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, failed.get())
+			require.True(t, l.Stats().BreakerOpen)
+			require.Eventually(t, func() bool { errs, _ := events.get(); return len(errs) >= ratelimit.DefaultBreakerFailures },
+				10*time.Second, time.Millisecond, "the failures of the calls whose callers left are reported")
+			errs, bad := events.get()
+			require.NoError(t, bad)
+			for _, err := range errs {
+				require.ErrorContains(t, err, "no reply within 100ms from "+proxy.Addr)
+			}
+			t.Logf("%d callers left, %d decisions from the policy, %d Left Events, %d errors handled",
+				left.Load(), policy.Load(), len(errs), len(h.all()))
+		})
+	}
+}

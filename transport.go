@@ -161,14 +161,15 @@ func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error 
 // left returns the error of a decision whose caller's ctx is done: err if it
 // is a *callerLeft already; else one that tells err, a failure of Redis the
 // call met while its caller still waited, unless the caller's own ctx ended
-// the call (abandoned), which says nothing of Redis.
+// the call (abandoned), which says nothing of Redis, or no call was made (an
+// open breaker).
 func (t *transport) left(ctx, wire context.Context, srv *server, err error) error {
 	var gone *callerLeft
 	if errors.As(err, &gone) {
 		return gone
 	}
 	gone = &callerLeft{err: ctxErr(ctx)}
-	if !t.abandoned(wire) {
+	if !t.abandoned(wire) && !errors.Is(err, ErrCircuitOpen) { // a call was made, and Redis failed it
 		gone.late = &late{}
 		gone.late.fail(t.explain(wire, srv, err))
 	}
