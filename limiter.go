@@ -291,8 +291,9 @@ func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Res
 // Reset forgets id's usage of limit: it deletes the keys of its current and
 // previous windows (every sub-window, for a strict limit), and drops any
 // lease this process holds of them (Limit.Leased) without giving it back;
-// other processes' leases serve on until their window ends (see
-// docs/leases.md). The error is
+// other processes' leases serve on until their window ends, and a
+// give-back this process already sent may land after the delete, lowering
+// the new count by at most what its lease held (see docs/leases.md). The error is
 // non-nil for invalid input, when ctx is done, and when Redis fails; the
 // failure policy does not apply.
 func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
