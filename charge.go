@@ -163,7 +163,10 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 
 // sendRefund sends d, a refund's give-back, and reports what fails.
 func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error {
-	start := time.Now()
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
 	err := l.t.do(ctx, d.reqs, d.replies)
 	if err == nil {
 		err = d.replies[0].err

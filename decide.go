@@ -151,7 +151,10 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if merged {
 		reqs, replies = d.sending(reqs, gives)
 	}
-	start := time.Now()
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
 	err := l.t.do(ctx, reqs, replies)
 	if merged {
 		d.received(replies, len(gives))
