@@ -122,7 +122,7 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, r.Limit)
 		}
 		if n > r.counted {
-			return nil, fmt.Errorf("%w: refund %d is more than the %d limit %v counted", ErrInvalidCost, n, r.counted, r.Limit)
+			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, r.Limit)
 		}
 		for _, o := range results[:i] {
 			if o.counted > 0 && o.ms == r.ms && o.strict == r.strict && o.window == r.window {

@@ -228,6 +228,8 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 		} {
 			require.ErrorIs(t, l.Refund(ctx, tc.id, tc.rs, tc.n), ratelimit.ErrInvalidCost, name)
 		}
+		require.EqualError(t, l.Refund(ctx, "u", []ratelimit.Result{allowed}, 2),
+			"ratelimit: invalid cost: refund of 2 is more than the 1 that limit 1/1m0s counted")
 		require.Equal(t, int64(1), e.get(t, "u", time.Minute, e.windowIndex(time.Minute)), "nothing written")
 		require.ErrorIs(t, l.Refund(ctx, "", []ratelimit.Result{allowed}, 1), ratelimit.ErrInvalidID)
 		// The Limit of a Result is the caller's to change; the refund goes
