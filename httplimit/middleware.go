@@ -120,7 +120,9 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 // 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), a default
 // plan (limit and WithLimits') that ratelimit.ValidateLimits rejects or
 // that holds two limits of one name, or an option given invalid values; the
-// error names each problem, and the option at fault.
+// error names each problem, and the argument at fault: the limit given to
+// New ("New's limit"), one of WithLimits' ("WithLimits' limit number 2"),
+// the plan they make together ("New with WithLimits") or another option.
 func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http.Handler) http.Handler, error) {
 	cfg := config{headers: allHeaders}
 	for _, opt := range opts {
@@ -132,11 +134,7 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
 	}
 	static := newPlan(append([]ratelimit.Limit{limit}, cfg.extra...))
-	where := "New"
-	if len(cfg.extra) > 0 {
-		where = "New with WithLimits"
-	}
-	if err := static.check(where); err != nil {
+	if err := checkDefault(static); err != nil {
 		cfg.errs = append(cfg.errs, err)
 	}
 	if len(cfg.errs) > 0 {

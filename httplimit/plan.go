@@ -57,6 +57,29 @@ func (pl *plan) check(where string) error {
 	return nil
 }
 
+// checkDefault reports what makes the default plan unusable, as check
+// does, naming the argument at fault: the limit given to New (the plan's
+// first), one of WithLimits' (the rest), or, when each limit is valid
+// alone, the plan they make together.
+func checkDefault(pl *plan) error {
+	for i, limit := range pl.limits {
+		where := "New's limit"
+		if i > 0 {
+			where = fmt.Sprintf("WithLimits' limit number %d", i)
+		}
+		if limit == (ratelimit.Limit{}) {
+			return fmt.Errorf("httplimit: %s: %w: it is the zero Limit", where, ratelimit.ErrInvalidLimit)
+		}
+		if err := limit.Validate(); err != nil {
+			return fmt.Errorf("httplimit: %s: %w", where, err)
+		}
+	}
+	if len(pl.limits) == 1 {
+		return pl.check("New")
+	}
+	return pl.check("New with WithLimits")
+}
+
 // planFor returns the plan r is decided against: the one WithPlanFunc
 // returns for it, checked as New checks the default one, or the default
 // plan (the limit given to New and WithLimits') when there is no plan

@@ -229,10 +229,11 @@ func TestPlanPerRoute(t *testing.T) {
 	require.Equal(t, []int64{2, 2}, e.counts(t, "GET /items/{id}|ip:203.0.113.7", ratelimit.PerMinute(100), ratelimit.PerHour(1000)))
 }
 
-// TestPlanConfigurationErrors: New rejects, naming the option, a default
-// plan that ratelimit.ValidateLimits rejects, a zero Limit in it, and two
-// limits of one name; a plan chosen per request with the same fault goes
-// to the error handler, naming WithPlanFunc.
+// TestPlanConfigurationErrors: New rejects, naming the argument at fault
+// (New's limit, one of WithLimits', or the plan they make), a default plan
+// that ratelimit.ValidateLimits rejects, a zero Limit in it, and two limits
+// of one name; a plan chosen per request with the same fault goes to the
+// error handler, naming WithPlanFunc.
 func TestPlanConfigurationErrors(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = dead.Close() })
@@ -255,11 +256,16 @@ func TestPlanConfigurationErrors(t *testing.T) {
 		{"same name once sent", named(main, "a\tb"), []httplimit.Option{httplimit.WithLimits(named(ratelimit.PerHour(10), "a\nb"))},
 			`two limits are named "a_b"`},
 		{"a zero Limit beside the main one", main, []httplimit.Option{httplimit.WithLimits(ratelimit.Limit{})},
-			`New with WithLimits: ratelimit: invalid limit: limit number 2 is the zero Limit`},
+			`httplimit: WithLimits' limit number 1: ratelimit: invalid limit: it is the zero Limit`},
 		{"a zero Limit given to New", ratelimit.Limit{}, nil,
-			`New: ratelimit: invalid limit: limit number 1 is the zero Limit`},
-		{"an invalid limit", main, []httplimit.Option{httplimit.WithLimits(ratelimit.Limit{Name: "daily", Window: time.Hour})},
-			`New with WithLimits: ratelimit: invalid limit: rate 0 is below 1`},
+			`httplimit: New's limit: ratelimit: invalid limit: it is the zero Limit`},
+		{"a zero Limit given to New, with WithLimits", ratelimit.Limit{}, []httplimit.Option{httplimit.WithLimits(ratelimit.PerHour(10))},
+			`httplimit: New's limit: ratelimit: invalid limit: it is the zero Limit`},
+		{"an invalid limit", main, []httplimit.Option{httplimit.WithLimits(ratelimit.PerHour(10), ratelimit.Limit{Name: "daily", Window: time.Hour})},
+			`httplimit: WithLimits' limit number 2: ratelimit: invalid limit: rate 0 is below 1`},
+		// The main limit at fault is named as such, not blamed on WithLimits.
+		{"an invalid limit given to New, with WithLimits", ratelimit.PerMinute(0), []httplimit.Option{httplimit.WithLimits(ratelimit.PerHour(10))},
+			`httplimit: New's limit: ratelimit: invalid limit: rate 0 is below 1`},
 		{"too many", main, []httplimit.Option{httplimit.WithLimits(many...)},
 			`New with WithLimits: ratelimit: invalid limit: 17 limits, more than 16`},
 	}
@@ -270,6 +276,9 @@ func TestPlanConfigurationErrors(t *testing.T) {
 			require.ErrorContains(t, err, tc.says)
 			require.Regexp(t, "^httplimit: ", err.Error())
 			require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
+			if strings.HasPrefix(tc.says, "httplimit: New's limit:") {
+				require.NotContains(t, err.Error(), "WithLimits", "the fault is New's limit alone")
+			}
 		})
 	}
 
