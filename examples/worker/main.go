@@ -1,9 +1,13 @@
 // Command worker shows background workers pacing their calls to a
 // third-party API with Limiter.Wait. Several workers, each standing for a
 // separate process with its own Limiter and its own Redis connection, share
-// one quota of 10 calls in any second for 3 seconds; then it prints how
-// many calls each made in each one-second window, and the most calls any
-// span of a second held, which never exceeds the quota. A third party
+// one quota of 10 calls in any second until a deadline 3 seconds away: each
+// stops when its next turn would come after the deadline, a little over 2
+// seconds in, once the third second's quota is spent. Then it prints how
+// many calls each made in each one-second window, beside the count Redis
+// held for that window (read as the window ended, before Redis expired it),
+// and the most calls any span of a second held, which never exceeds the
+// quota. A third party
 // counts its quota over any span, not over whole seconds, so the limit is
 // Strict: the sliding window counter alone lets waiters released together
 // at a boundary fit up to twice the rate into one span. It runs against an
@@ -57,7 +61,8 @@ func main() {
 	shift := begin.Truncate(limit.Window).Add(limit.Window).Sub(begin)
 	start := begin.Add(shift)
 
-	fmt.Printf("%d workers share %v for %q, on %s, for %v.\n", workers, limit, id, where, runFor)
+	fmt.Printf("%d workers share %v for %q, on %s, until a deadline %v away (each stops once its next turn would come after it).\n",
+		workers, limit, id, where, runFor)
 	ctx, cancel := context.WithTimeout(context.Background(), runFor)
 	defer cancel()
 
@@ -65,6 +70,35 @@ func main() {
 	var mu sync.Mutex
 	var placed []time.Time // when each call was placed in its window, in the run's time
 	stopped := make([]string, workers)
+
+	// Redis expires a window's keys a second or so after the window ends
+	// (a real Redis does; miniredis, whose clock does not run, keeps them),
+	// before the run does: read each window's count as it ends, a
+	// sub-window later so that a call placed just before the end has
+	// landed, and the windows still open when the run ends then.
+	reader := newClient()
+	defer reader.Close()
+	first := start.UnixMilli() / limit.Window.Milliseconds()
+	var counted []int64 // counted[i]: the count Redis held for window i
+	done := make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		late := limit.Window / ratelimit.StrictSubWindows
+		for i := 0; ; i++ {
+			// Window i ends at begin + (i+1) windows by the wall clock: the
+			// workers' clock is the wall clock shifted to start at begin.
+			t := time.NewTimer(time.Until(begin.Add(time.Duration(i+1)*limit.Window + late)))
+			select {
+			case <-done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			counted = append(counted, stored(reader, id, first+int64(i)))
+		}
+	}()
+
 	var wg sync.WaitGroup
 	for w := range workers {
 		client := newClient()
@@ -110,6 +144,8 @@ func main() {
 	}
 	wg.Wait()
 	took := time.Since(begin)
+	close(done)
+	<-read
 
 	windows := 0
 	for _, c := range calls {
@@ -121,10 +157,7 @@ func main() {
 		fmt.Printf("  w%d", w+1)
 	}
 	fmt.Println("  total  in Redis")
-	reader := newClient()
-	defer reader.Close()
 	over := false
-	first := start.UnixMilli() / limit.Window.Milliseconds()
 	all := 0
 	for i := range windows {
 		from := time.Duration(i) * limit.Window
@@ -139,9 +172,11 @@ func main() {
 			fmt.Printf("%4d", n)
 		}
 		all += total
-		counted := stored(reader, id, first+int64(i))
-		over = over || int64(total) > limit.Rate || counted > limit.Rate
-		fmt.Printf("  %5d  %8d\n", total, counted)
+		if i == len(counted) { // still open when the run ended
+			counted = append(counted, stored(reader, id, first+int64(i)))
+		}
+		over = over || int64(total) > limit.Rate || counted[i] > limit.Rate
+		fmt.Printf("  %5d  %8d\n", total, counted[i])
 	}
 	fmt.Printf("%-16s%s  %5d\n", "all", strings.Repeat("    ", workers), all)
 	most := mostInAnySpan(placed, limit.Window)
