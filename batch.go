@@ -131,7 +131,11 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []rep
 			b.sending++
 			b.mu.Unlock()
 			err := b.t.exchange(leave, wire, b.srv, b.t.client, decider, reqs, out)
-			b.next()
+			if l := lateOf(err); l != nil {
+				l.then(b.next) // in flight until it ends, its caller gone or not
+			} else {
+				b.next()
+			}
 			return err
 		}
 		if b.fits(reqs) {
@@ -175,9 +179,11 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []rep
 	}
 	gone := &callerLeft{err: leave.Err(), late: &late{}}
 	go func() { // until its call, if it is in one, ends: one that was made
+		var err error
 		if r := <-p.done; r.err != nil && r.err != errUnsent && !errors.Is(r.err, ErrCircuitOpen) {
-			gone.late.fail(b.t.explain(wire, b.srv, r.err))
+			err = b.t.explain(wire, b.srv, r.err)
 		}
+		gone.late.end(err)
 	}()
 	return gone
 }

@@ -118,17 +118,23 @@ func TestShortDeadlinesOpenTheBreaker(t *testing.T) {
 // A healthy Redis that answers in 30 ms, well within the Limiter's timeout,
 // is no outage because its callers gave up after 10 ms: their calls,
 // judged by the Limiter's timeout, succeed; the breaker stays closed and
-// the error handler hears nothing.
+// the error handler hears nothing. So with a timeout past an hour, whose
+// deadlines are timers of their own, not ticks: one canceled as its caller
+// left had made each call a failure ("no reply within 2h0m0s … context
+// canceled").
 func TestSlowRedisShortCallersNoOutage(t *testing.T) {
 	const (
 		deadline = 10 * time.Millisecond
 		delay    = 30 * time.Millisecond
-		timeout  = 500 * time.Millisecond // ample for a 30 ms reply on a loaded machine
 	)
 	srv := redistest.Start(t)
 	limit := ratelimit.PerMinute(1000)
-	for _, ctxAware := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+	for _, tc := range []struct {
+		timeout  time.Duration // ample for a 30 ms reply on a loaded machine
+		ctxAware bool
+	}{{500 * time.Millisecond, false}, {500 * time.Millisecond, true}, {2 * time.Hour, false}, {2 * time.Hour, true}} {
+		timeout, ctxAware := tc.timeout, tc.ctxAware
+		t.Run(fmt.Sprintf("%v/ContextTimeoutEnabled=%v", timeout, ctxAware), func(t *testing.T) {
 			proxy := redistest.StartProxy(t, srv.Addr)
 			opts := slowClient(proxy.Addr, ctxAware)
 			opts.MaxRetries = -1

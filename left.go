@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -19,25 +20,31 @@ type callerLeft struct {
 func (e *callerLeft) Error() string { return e.err.Error() }
 func (e *callerLeft) Unwrap() error { return e.err }
 
-// late hands the failure of a call whose caller left to whoever reports it:
-// fail and onFailure may come in either order, from any goroutines, and the
-// report runs once, on the goroutine of the second. A call that does not
-// fail is never reported.
+// late follows a call whose caller left, to its end: end says how it ended,
+// once, from the goroutine that saw it; onFailure hands the failure, if
+// any, to whoever reports it, and then has what must wait for the call's end
+// (its context's cancel, the batcher's count of calls in flight) run then.
+// They may come in any order, from any goroutines.
 type late struct {
 	mu     sync.Mutex
+	ended  bool
 	err    error
 	report func(error)
+	after  []func()
 }
 
-// fail records that the call failed with err.
-func (l *late) fail(err error) {
+// end records that the call ended, with err nil for an answer or the
+// failure, and runs what waited for it.
+func (l *late) end(err error) {
 	l.mu.Lock()
-	report := l.report
-	if report == nil {
-		l.err = err
-	}
+	l.ended, l.err = true, err
+	report, after := l.report, l.after
+	l.after = nil
 	l.mu.Unlock()
-	if report != nil {
+	for _, f := range after {
+		f()
+	}
+	if report != nil && err != nil {
 		report(err)
 	}
 }
@@ -45,14 +52,36 @@ func (l *late) fail(err error) {
 // onFailure has report called with the call's error, if it fails.
 func (l *late) onFailure(report func(error)) {
 	l.mu.Lock()
-	err := l.err
-	if err == nil {
+	ended, err := l.ended, l.err
+	if !ended {
 		l.report = report
 	}
 	l.mu.Unlock()
-	if err != nil {
+	if ended && err != nil {
 		report(err)
 	}
+}
+
+// then has f run when the call ends: at once if it has.
+func (l *late) then(f func()) {
+	l.mu.Lock()
+	if !l.ended {
+		l.after = append(l.after, f)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	f()
+}
+
+// lateOf returns the late of err, a *callerLeft whose call goes on; nil if
+// err is no such error.
+func lateOf(err error) *late {
+	var gone *callerLeft
+	if errors.As(err, &gone) {
+		return gone.late
+	}
+	return nil
 }
 
 // reportLate has the failure of d's call, whose caller left (gone), reach

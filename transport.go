@@ -132,11 +132,21 @@ func serverName(c *redis.Client) string {
 // own deadline (see wire): a caller who leaves first gets a *callerLeft,
 // through which a failure of its call is told later.
 func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error {
-	if err := ctx.Err(); err != nil { // send nothing for a caller who is gone
-		return &callerLeft{err: err}
+	if expired(ctx) { // send nothing for a caller who is gone
+		return &callerLeft{err: ctxErr(ctx)}
 	}
 	wire, cancel, detached := t.wire(ctx)
-	defer cancel()
+	err := t.route(ctx, wire, detached, reqs, out)
+	if l := lateOf(err); l != nil {
+		l.then(cancel) // the call goes on under wire
+	} else {
+		cancel()
+	}
+	return err
+}
+
+// route sends reqs to their server, once do has made wire.
+func (t *transport) route(ctx, wire context.Context, detached bool, reqs []*request, out []reply) error {
 	leave := wire // the caller waits as long as the call's deadline
 	if detached {
 		leave = ctx // or less
@@ -171,7 +181,7 @@ func (t *transport) left(ctx, wire context.Context, srv *server, err error) erro
 	gone = &callerLeft{err: ctxErr(ctx)}
 	if !t.abandoned(wire) && !errors.Is(err, ErrCircuitOpen) { // a call was made, and Redis failed it
 		gone.late = &late{}
-		gone.late.fail(t.explain(wire, srv, err))
+		gone.late.end(t.explain(wire, srv, err))
 	}
 	return gone
 }
@@ -227,19 +237,22 @@ func (t *transport) serverFor(leave, wire context.Context, key string) (*server,
 // A mapLoad is a load of the Cluster client's slot map, in a goroutine of
 // its own: err is set before done is closed.
 type mapLoad struct {
-	done chan struct{}
-	err  error
+	started time.Time
+	done    chan struct{}
+	err     error
 }
 
 // awaitMap waits until the Cluster client has its slot map, or leave is
 // done. One load is in flight at a time; decisions that come while it lasts
-// wait for it. A caller who leaves before wire's deadline gets a
-// *callerLeft, told the load's failure if it fails by then.
+// wait for it; one that has lasted past its bound (a client whose own
+// timeouts never end it) is left to itself, and another starts. A caller
+// who leaves before wire's deadline gets a *callerLeft, told the load's
+// failure if it fails by then.
 func (t *transport) awaitMap(leave, wire context.Context) error {
 	t.mapMu.Lock()
 	m := t.loading
-	if m == nil {
-		m = &mapLoad{done: make(chan struct{})}
+	if m == nil || time.Since(m.started) > t.mapBound() {
+		m = &mapLoad{started: time.Now(), done: make(chan struct{})}
 		t.loading = m
 		go t.loadMap(m)
 	}
@@ -262,8 +275,9 @@ func (t *transport) awaitMap(leave, wire context.Context) error {
 			err = fmt.Errorf("loading its slot map: %w", wire.Err())
 		}
 		if err != nil {
-			gone.late.fail(t.explain(wire, nil, err))
+			err = t.explain(wire, nil, err)
 		}
+		gone.late.end(err)
 	}()
 	return gone
 }
@@ -273,7 +287,7 @@ func (t *transport) awaitMap(leave, wire context.Context) error {
 // deadline), then ends the load: the next decision without a map starts
 // another.
 func (t *transport) loadMap(m *mapLoad) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(t.timeout, slotMapWait))
+	ctx, cancel := context.WithTimeout(context.Background(), t.mapBound())
 	defer cancel()
 	if _, err := t.cluster.MasterForKey(ctx, ""); err != nil {
 		m.err = fmt.Errorf("loading its slot map: %w", err)
@@ -281,10 +295,16 @@ func (t *transport) loadMap(m *mapLoad) {
 		t.mapped.Store(true)
 	}
 	t.mapMu.Lock()
-	t.loading = nil
+	if t.loading == m {
+		t.loading = nil
+	}
 	t.mapMu.Unlock()
 	close(m.done)
 }
+
+// mapBound is how long a load of the slot map may last: the Limiter's
+// timeout, or slotMapWait if that is longer.
+func (t *transport) mapBound() time.Duration { return max(t.timeout, slotMapWait) }
 
 // slotMapWait bounds a load of a Cluster client's slot map, on a client
 // that stops at its ctx's deadline, when the Limiter's timeout is shorter:
@@ -397,8 +417,9 @@ func (t *transport) judgeLate(w *watchedCall, wire context.Context, srv *server,
 	}
 	t.judge(wire, srv, probe, err)
 	if err != nil {
-		l.fail(t.explain(wire, srv, err))
+		err = t.explain(wire, srv, err)
 	}
+	l.end(err)
 }
 
 // call sends one script call of sc for reqs to c and decodes its reply into
