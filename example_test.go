@@ -60,7 +60,7 @@ func ExampleLimiter_AllowN() {
 			return
 		}
 		retry := res.RetryAfter.String()
-		if res.RetryAfter < 0 {
+		if res.RetryAfter == ratelimit.InfDuration {
 			retry = "never" // the cost is above the rate
 		}
 		fmt.Printf("cost %4d: allowed=%-5v count=%d retry-after=%s\n", n, res.Allowed, res.Count, retry)
