@@ -81,6 +81,9 @@ func PerMinute(rate int64) Limit { return Limit{Rate: rate, Window: time.Minute}
 // PerHour returns a Limit of rate requests in any one hour.
 func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
 
+// PerDay returns a Limit of rate requests in any one day (24 hours).
+func PerDay(rate int64) Limit { return Limit{Rate: rate, Window: 24 * time.Hour} }
+
 // String returns the limit as "100/1m0s", with " strict", " shadow" or
 // " leased" after it for each it is.
 func (l Limit) String() string {
