@@ -113,3 +113,21 @@ func ExampleLimiter_Peek() {
 	// count=1 remaining=2
 	// count=1 remaining=2
 }
+
+// Limits kept in configuration read as String prints them, or in
+// ulule/limiter's short form.
+func ExampleParseLimit() {
+	for _, s := range []string{"100/1m", "10/1s strict shadow", "1000-H", "10/1s bogus"} {
+		limit, err := ratelimit.ParseLimit(s)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(limit)
+	}
+	// Output:
+	// 100/1m0s
+	// 10/1s strict shadow
+	// 1000/1h0m0s
+	// ratelimit: invalid limit "10/1s bogus": unknown flag "bogus": want strict, shadow or leased
+}
