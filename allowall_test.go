@@ -721,7 +721,7 @@ func TestAllowAllDenyCacheChangesNoDecision(t *testing.T) {
 			require.False(t, g.Allowed, where)
 			require.LessOrEqual(t, g.Count, w.Count, where)
 			require.LessOrEqual(t, g.ResetAfter, w.ResetAfter, where)
-			if w.RetryAfter < 0 {
+			if w.RetryAfter == ratelimit.InfDuration {
 				require.Equal(t, w.RetryAfter, g.RetryAfter, where)
 			} else {
 				require.True(t, g.RetryAfter >= 0 && g.RetryAfter <= w.RetryAfter, where)

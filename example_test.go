@@ -60,7 +60,7 @@ func ExampleLimiter_AllowN() {
 			return
 		}
 		retry := res.RetryAfter.String()
-		if res.RetryAfter < 0 {
+		if res.RetryAfter == ratelimit.InfDuration {
 			retry = "never" // the cost is above the rate
 		}
 		fmt.Printf("cost %4d: allowed=%-5v count=%d retry-after=%s\n", n, res.Allowed, res.Count, retry)
@@ -112,4 +112,22 @@ func ExampleLimiter_Peek() {
 	// Output:
 	// count=1 remaining=2
 	// count=1 remaining=2
+}
+
+// Limits kept in configuration read as String prints them, or in
+// ulule/limiter's short form.
+func ExampleParseLimit() {
+	for _, s := range []string{"100/1m", "10/1s strict shadow", "1000-H", "10/1s bogus"} {
+		limit, err := ratelimit.ParseLimit(s)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(limit)
+	}
+	// Output:
+	// 100/1m0s
+	// 10/1s strict shadow
+	// 1000/1h0m0s
+	// ratelimit: invalid limit "10/1s bogus": unknown flag "bogus": want strict, shadow or leased
 }

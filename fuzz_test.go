@@ -270,3 +270,49 @@ func fuzzHugeLength(reply []byte) bool {
 	}
 	return false
 }
+
+// FuzzParseLimit checks ParseLimit on any string: it never panics, what it
+// accepts is a valid limit with no Name that String prints back to a string
+// ParseLimit reads as the same limit, and what it refuses wraps
+// ErrInvalidLimit and quotes the input. Limits built from the fields
+// String prints round-trip: ParseLimit(l.String()) is l.
+func FuzzParseLimit(f *testing.F) {
+	for _, s := range []string{
+		"10/1m0s", "10/1s strict shadow leased", "10/1s leased shadow", "1000-H", "5-d strict",
+		"", "10", "x/1s", "10/", "10/-1s", "0/1s", "10/1s bogus", "10-X", "99999999999999999999/1s",
+		"9007199254740992/1ms", "1/2562047h47m16.854s", "10/1.5s", "3/+1s",
+	} {
+		f.Add(s, int64(10), int64(1000), false, false, false)
+	}
+	f.Add("", int64(1), int64(1), true, true, true)
+	f.Add("", int64(1), int64(math.MaxInt64/int64(time.Millisecond)), true, false, true)
+	f.Fuzz(func(t *testing.T, s string, rate, ms int64, strict, shadow, leased bool) {
+		l, err := ParseLimit(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidLimit) || !strings.Contains(err.Error(), strconv.Quote(s)) {
+				t.Fatalf("ParseLimit(%q): %v: not ErrInvalidLimit quoting the input", s, err)
+			}
+			if l != (Limit{}) {
+				t.Fatalf("ParseLimit(%q) = %v with an error", s, l)
+			}
+		} else {
+			if err := l.Validate(); err != nil || l.Name != "" {
+				t.Fatalf("ParseLimit(%q) = %+v: %v", s, l, err)
+			}
+			if again, err := ParseLimit(l.String()); err != nil || again != l {
+				t.Fatalf("ParseLimit(%q) = %v, whose String %q reads as %+v, %v", s, l, l.String(), again, err)
+			}
+		}
+
+		if ms < 1 || ms > math.MaxInt64/int64(time.Millisecond) {
+			return
+		}
+		built := Limit{Rate: rate, Window: time.Duration(ms) * time.Millisecond, Strict: strict, Shadow: shadow, Leased: leased}
+		if built.Validate() != nil {
+			return
+		}
+		if got, err := ParseLimit(built.String()); err != nil || got != built {
+			t.Fatalf("ParseLimit(%q) = %+v, %v; want %+v", built.String(), got, err, built)
+		}
+	})
+}

@@ -1,7 +1,10 @@
 package ratelimit
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/window"
@@ -81,8 +84,11 @@ func PerMinute(rate int64) Limit { return Limit{Rate: rate, Window: time.Minute}
 // PerHour returns a Limit of rate requests in any one hour.
 func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
 
+// PerDay returns a Limit of rate requests in any one day (24 hours).
+func PerDay(rate int64) Limit { return Limit{Rate: rate, Window: 24 * time.Hour} }
+
 // String returns the limit as "100/1m0s", with " strict", " shadow" or
-// " leased" after it for each it is.
+// " leased" after it for each it is. ParseLimit reads it back.
 func (l Limit) String() string {
 	s := fmt.Sprintf("%d/%v", l.Rate, l.Window)
 	if l.Strict {
@@ -108,23 +114,107 @@ const maxProduct = 1 << 53
 // multiple of StrictSubWindows ms. The error wraps ErrInvalidLimit. Check
 // limits from configuration with it at start-up.
 func (l Limit) Validate() error {
-	if l.Rate < 1 {
-		return fmt.Errorf("%w: rate %d is below 1", ErrInvalidLimit, l.Rate)
-	}
-	if l.Window < time.Millisecond {
-		return fmt.Errorf("%w: window %v is shorter than 1ms", ErrInvalidLimit, l.Window)
-	}
-	if l.Window%time.Millisecond != 0 {
-		return fmt.Errorf("%w: window %v is not a whole number of milliseconds", ErrInvalidLimit, l.Window)
-	}
-	if w := l.Window.Milliseconds(); l.Rate > maxProduct/w {
-		return fmt.Errorf("%w: rate %d per %v is too large (rate × window in ms must not exceed 2^53; at most %d per %v)",
-			ErrInvalidLimit, l.Rate, l.Window, maxProduct/w, l.Window)
-	}
-	if l.Strict && l.Window.Milliseconds()%StrictSubWindows != 0 {
-		return fmt.Errorf("%w: strict window %v is not a multiple of %dms", ErrInvalidLimit, l.Window, StrictSubWindows)
+	if p := l.problem(); p != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidLimit, p)
 	}
 	return nil
+}
+
+// problem says what Validate rejects l for; "" for nothing.
+func (l Limit) problem() string {
+	if l.Rate < 1 {
+		return fmt.Sprintf("rate %d is below 1", l.Rate)
+	}
+	if l.Window < time.Millisecond {
+		return fmt.Sprintf("window %v is shorter than 1ms", l.Window)
+	}
+	if l.Window%time.Millisecond != 0 {
+		return fmt.Sprintf("window %v is not a whole number of milliseconds", l.Window)
+	}
+	if w := l.Window.Milliseconds(); l.Rate > maxProduct/w {
+		return fmt.Sprintf("rate %d per %v is too large (rate × window in ms must not exceed 2^53; at most %d per %v)",
+			l.Rate, l.Window, maxProduct/w, l.Window)
+	}
+	if l.Strict && l.Window.Milliseconds()%StrictSubWindows != 0 {
+		return fmt.Sprintf("strict window %v is not a multiple of %dms", l.Window, StrictSubWindows)
+	}
+	return ""
+}
+
+// ulule/limiter's short form names its window with one letter.
+var shortWindows = map[string]time.Duration{"S": time.Second, "M": time.Minute, "H": time.Hour, "D": 24 * time.Hour}
+
+// ParseLimit parses a limit from configuration as String prints it: a rate,
+// "/", a window as time.ParseDuration reads it, then any of the flags
+// strict, shadow and leased, each at most once, in any order, separated by
+// spaces: "100/1m0s", "100/1m", "10/1s strict shadow leased". It also reads
+// ulule/limiter's short form, a rate, "-" and a window of S, M, H or D (a
+// second, a minute, an hour, a day; in either case, as ulule reads it):
+// "1000-H", which flags may follow too. String does not print Name, so
+// ParseLimit leaves it empty: ParseLimit(l.String()) is l without its Name.
+//
+// The error wraps ErrInvalidLimit, quotes s and says what is wrong: no
+// rate or window, a rate that is not a whole number or does not fit an
+// int64, a window that ParseDuration rejects, an unknown or repeated flag,
+// or a limit that Limit.Validate rejects.
+func ParseLimit(s string) (Limit, error) {
+	bad := func(format string, args ...any) (Limit, error) {
+		return Limit{}, fmt.Errorf("%w %q: %s", ErrInvalidLimit, s, fmt.Sprintf(format, args...))
+	}
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return bad("empty: want <rate>/<window> or <rate>-<S|M|H|D>, as in 100/1m")
+	}
+	var l Limit
+	rate, window, long := strings.Cut(fields[0], "/")
+	if !long {
+		var short bool
+		if rate, window, short = strings.Cut(fields[0], "-"); !short {
+			return bad("no window: want <rate>/<window> or <rate>-<S|M|H|D>, as in 100/1m")
+		}
+	}
+	r, err := strconv.ParseInt(rate, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return bad("rate %s does not fit an int64", rate)
+	}
+	if err != nil {
+		return bad("rate %q is not a whole number", rate)
+	}
+	l.Rate = r
+	if long {
+		d, err := time.ParseDuration(window)
+		if err != nil {
+			return bad("window %q is not a duration such as 1m or 500ms (at most about 292 years)", window)
+		}
+		l.Window = d
+	} else {
+		d, ok := shortWindows[strings.ToUpper(window)]
+		if !ok {
+			return bad("window %q is none of S, M, H and D", window)
+		}
+		l.Window = d
+	}
+	for _, f := range fields[1:] {
+		var flag *bool
+		switch f {
+		case "strict":
+			flag = &l.Strict
+		case "shadow":
+			flag = &l.Shadow
+		case "leased":
+			flag = &l.Leased
+		default:
+			return bad("unknown flag %q: want strict, shadow or leased", f)
+		}
+		if *flag {
+			return bad("flag %q given twice", f)
+		}
+		*flag = true
+	}
+	if p := l.problem(); p != "" {
+		return bad("%s", p)
+	}
+	return l, nil
 }
 
 // ValidateLimits reports what makes limits unusable together in one

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"math"
 	"reflect"
 	"sync/atomic"
 	"time"
@@ -35,9 +36,14 @@ var (
 )
 
 // InfDuration is the RetryAfter of a request that would never be allowed:
-// its cost is above the limit's Rate. It is negative; test for it with
-// RetryAfter < 0 or == InfDuration.
-const InfDuration = time.Duration(-1)
+// its cost is above the limit's Rate. It is the longest Duration,
+// math.MaxInt64 (about 292 years), as in golang.org/x/time/rate, so that a
+// caller that takes RetryAfter as a wait and rounds it up waits for ever
+// rather than retrying at once: math.Ceil(d.Seconds()) is 9223372037 and
+// d.Round saturates. Test for it with == InfDuration. Integer arithmetic on
+// it wraps: (d + time.Second - 1) / time.Second is negative for
+// InfDuration, so check for it before rounding that way.
+const InfDuration = time.Duration(math.MaxInt64)
 
 // maxLimits is the most limits AllowAll and PeekAll take in one call. Each
 // limit adds its keys and four arguments to the one script call; real plans
@@ -97,7 +103,7 @@ type Result struct {
 }
 
 // Binding returns the Result that decided: when denied, the one with the
-// longest RetryAfter (a negative "never" counts as the longest); when
+// longest RetryAfter (InfDuration, "never", is the longest); when
 // allowed, the one with the least Remaining; ties go to the first; the zero
 // Result for none. The Results of Shadow limits, which decide nothing, are
 // passed over unless there are no others.
@@ -129,7 +135,7 @@ func better(r, b Result) bool {
 	if b.Allowed {
 		return r.Remaining < b.Remaining
 	}
-	return b.RetryAfter >= 0 && (r.RetryAfter < 0 || r.RetryAfter > b.RetryAfter)
+	return r.RetryAfter > b.RetryAfter
 }
 
 // Limiter decides requests against sliding-window limits kept in Redis.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -217,7 +218,11 @@ func testCostAboveRate(t *testing.T, e env) {
 	res, err := e.limiter().AllowN(context.Background(), "big", ratelimit.PerSecond(5), 6)
 	require.NoError(t, err)
 	require.False(t, res.Allowed)
-	require.Negative(t, res.RetryAfter)
+	require.Equal(t, ratelimit.InfDuration, res.RetryAfter)
+	// A caller that rounds the wait up to whole seconds, as a Retry-After
+	// header wants, is told to wait, never to retry at once.
+	require.Positive(t, math.Ceil(res.RetryAfter.Seconds()))
+	require.Positive(t, res.RetryAfter.Round(time.Second))
 	require.Equal(t, int64(0), res.Count)
 	require.Equal(t, int64(0), e.get(t, "big", time.Second, e.windowIndex(time.Second)))
 }

@@ -86,9 +86,11 @@ func (l *Limiter) WaitN(ctx context.Context, id string, limit Limit, n int64) er
 		}
 		wait := res.RetryAfter
 		switch {
-		case wait < 0:
+		case wait == InfDuration:
 			// Only the local share of FailLocal says never to a cost within
 			// Rate; Redis may be back by the time the breaker tries it again.
+			// (So does a wait too long for a Duration, of a window over 146
+			// years: trying again is as good as sleeping for ever.)
 			wait = min(limit.Window, DefaultBreakerCooldown)
 		case wait < time.Millisecond:
 			// A denial always names a wait of 1ms or more; the floor keeps a
@@ -96,6 +98,9 @@ func (l *Limiter) WaitN(ctx context.Context, id string, limit Limit, n int64) er
 			wait = time.Millisecond
 		}
 		d := wait + jitter(wait, limit.Window)
+		if d < wait { // a wait of centuries plus its jitter wrapped
+			d = wait
+		}
 		if deadline, ok := ctx.Deadline(); ok {
 			left := time.Until(deadline)
 			if wait >= left {

@@ -62,8 +62,12 @@ func (p position) estimate(c *counts) int64 {
 }
 
 // waitUntil returns the shortest wait after which the estimate would be at
-// most target if no other request came; negative if target is.
+// most target if no other request came; InfDuration if target is negative:
+// it never would be.
 func (p position) waitUntil(c *counts, target int64) time.Duration {
+	if target < 0 {
+		return InfDuration
+	}
 	if p.subs == 0 {
 		return window.WaitUntil(c[0], c[1], p.w, p.e, target)
 	}

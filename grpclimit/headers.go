@@ -58,7 +58,10 @@ func newPolicy(limit ratelimit.Limit) policy {
 	q := httplimit.PolicyName(limit)
 	// The window in whole seconds, rounded up, as httplimit's
 	// RateLimit-Policy writes it.
-	w := (limit.Window + time.Second - 1) / time.Second
+	w := limit.Window / time.Second
+	if limit.Window%time.Second != 0 {
+		w++ // not by adding a second less a ns, which wraps near math.MaxInt64
+	}
 	return policy{
 		limit:  limit,
 		quoted: q,
@@ -80,7 +83,7 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 		return md
 	}
 	md[HeaderRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
-	never := !bind.Allowed && bind.RetryAfter < 0 // no wait makes it pass: no reset to name
+	never := !bind.Allowed && bind.RetryAfter == ratelimit.InfDuration // no wait makes it pass: no reset to name
 	values := make([]string, 0, len(set.enforced))
 	for _, i := range set.enforced {
 		v := set.policies[i].quoted + ";r=" + strconv.FormatInt(results[i].Remaining, 10)

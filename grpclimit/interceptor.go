@@ -341,7 +341,7 @@ func denied(bind ratelimit.Result) error {
 		// shared count's: name none.
 		return status.Errorf(codes.ResourceExhausted,
 			"grpclimit: rate limit %s exceeded (decided locally while Redis is unavailable)", name)
-	case bind.RetryAfter < 0:
+	case bind.RetryAfter == ratelimit.InfDuration:
 		return status.Errorf(codes.ResourceExhausted,
 			"grpclimit: rate limit %s exceeded: the call costs more than the limit's rate of %d per %v and can never pass; do not retry",
 			name, bind.Limit.Rate, bind.Limit.Window)

@@ -61,11 +61,12 @@ func PolicyName(limit ratelimit.Limit) string {
 // Retry-After name the same moment, and a client told to wait until the
 // window drains (up to two windows, in a sliding window) would wait longer
 // than it has to. Otherwise it is the wait until the count is 0, when the
-// whole quota is back. A denial that can never pass (RetryAfter < 0) has no
-// such moment, and the headers send no reset for it. grpclimit's metadata
-// carries the same seconds.
+// whole quota is back. A denial that can never pass (RetryAfter is
+// ratelimit.InfDuration) has no such moment, and the headers send no reset
+// for it; ResetSeconds gives the wait until its count is 0. grpclimit's
+// metadata carries the same seconds.
 func ResetSeconds(res ratelimit.Result) int64 {
-	if !res.Allowed && res.RetryAfter > 0 {
+	if !res.Allowed && res.RetryAfter > 0 && res.RetryAfter != ratelimit.InfDuration {
 		return max(1, seconds(res.RetryAfter))
 	}
 	return seconds(res.ResetAfter)
@@ -103,19 +104,24 @@ func sfString(name string) string {
 	return b.String()
 }
 
-// seconds returns d in whole seconds, rounded up; 0 for d <= 0.
+// seconds returns d in whole seconds, rounded up; 0 for d <= 0. It rounds
+// without adding, which would wrap for d near math.MaxInt64.
 func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // neverPasses reports a denial that no wait can turn into a pass: its cost
 // is above the limit's rate. Any reset sent with it, even the time until the
 // count is 0, would tell a client to retry, and it would retry forever.
 func neverPasses(res ratelimit.Result) bool {
-	return !res.Allowed && res.RetryAfter < 0
+	return !res.Allowed && res.RetryAfter == ratelimit.InfDuration
 }
 
 // setPolicyHeaders sets the headers that describe the policies and need no
@@ -181,7 +187,7 @@ func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result
 		}
 		h.Set(HeaderRateLimit, b.String())
 	}
-	if !binding.Allowed && binding.RetryAfter > 0 {
+	if !binding.Allowed && binding.RetryAfter > 0 && !never {
 		h.Set(HeaderRetryAfter, strconv.FormatInt(ResetSeconds(binding), 10))
 	}
 }

@@ -251,7 +251,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 	results := []ratelimit.Result{
 		{Allowed: true, Count: 1, Remaining: 99, ResetAfter: 59_001 * time.Millisecond},
 		{Allowed: false, Count: 100, RetryAfter: 1, ResetAfter: 2 * time.Minute},
-		{Allowed: false, Count: 3, Remaining: 2, RetryAfter: -1, ResetAfter: time.Millisecond},
+		{Allowed: false, Count: 3, Remaining: 2, RetryAfter: ratelimit.InfDuration, ResetAfter: time.Millisecond},
 		{Allowed: true, Degraded: true, Remaining: 100},
 		{Allowed: true, Count: 0, Remaining: 1 << 40},
 	}
@@ -278,7 +278,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 					continue
 				}
 				params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
-				if res.RetryAfter < 0 { // can never pass: no t to retry at
+				if res.RetryAfter == ratelimit.InfDuration { // can never pass: no t to retry at
 					params = params[:1]
 				}
 				items, err = parseSFList(h.Get(HeaderRateLimit))
@@ -384,7 +384,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 						continue
 					}
 					visible = append(visible, res)
-					never = never || (!res.Allowed && res.RetryAfter < 0)
+					never = never || (!res.Allowed && res.RetryAfter == ratelimit.InfDuration)
 				}
 				if len(visible) == 0 {
 					require.Empty(t, h, "nothing is shown")
@@ -504,8 +504,9 @@ func TestResetSeconds(t *testing.T) {
 		{"denied: 1000ms", ratelimit.Result{RetryAfter: 1000 * ms, ResetAfter: 90 * time.Second}, "1", "1"},
 		{"denied: 1001ms", ratelimit.Result{RetryAfter: 1001 * ms, ResetAfter: 90 * time.Second}, "2", "2"},
 		{"denied: 59.5s", ratelimit.Result{RetryAfter: 59_500 * ms, ResetAfter: 90 * time.Second}, "60", "60"},
-		{"denied forever, some usage: no reset", ratelimit.Result{RetryAfter: -1, ResetAfter: 2500 * ms}, "", ""},
-		{"denied forever, no usage: no reset", ratelimit.Result{RetryAfter: -1}, "", ""},
+		{"denied: a wait near math.MaxInt64 does not wrap", ratelimit.Result{RetryAfter: ratelimit.InfDuration - 1, ResetAfter: ratelimit.InfDuration - 1}, "9223372037", "9223372037"},
+		{"denied forever, some usage: no reset", ratelimit.Result{RetryAfter: ratelimit.InfDuration, ResetAfter: 2500 * ms}, "", ""},
+		{"denied forever, no usage: no reset", ratelimit.Result{RetryAfter: ratelimit.InfDuration}, "", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -45,7 +45,7 @@ func WriteProblem(w http.ResponseWriter, status int, detail string) {
 func tooManyRequests(w http.ResponseWriter, r *http.Request) {
 	detail := "Rate limit exceeded."
 	if res, ok := FromContext(r.Context()); ok {
-		if res.RetryAfter < 0 {
+		if res.RetryAfter == ratelimit.InfDuration {
 			detail = "This request costs more than the rate limit allows in any window (" +
 				strconv.FormatInt(res.Limit.Rate, 10) + "); it cannot succeed by waiting."
 		} else if s := w.Header().Get(HeaderRetryAfter); s != "" {

@@ -11,6 +11,7 @@
 //	curl -i 'localhost:8080/complete?max_tokens=300&used=120'   # 300 taken, 180 refunded
 //	curl -i 'localhost:8080/complete?max_tokens=100&used=700'   # 100 taken, 600 charged
 //	curl -i 'localhost:8080/complete?max_tokens=300'            # 429: 820 used, 300 do not fit
+//	curl -i 'localhost:8080/complete?max_tokens=2000'           # 429, no Retry-After: 2,000 never fit
 //
 // The "used" parameter stands in for the tokens a model would generate.
 package main
@@ -21,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -85,7 +87,12 @@ func complete(limiter *ratelimit.Limiter, w http.ResponseWriter, r *http.Request
 		return
 	}
 	if !res.Allowed {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
+		if res.RetryAfter == ratelimit.InfDuration {
+			// No wait makes it fit: name no time to retry at.
+			http.Error(w, fmt.Sprintf("%d tokens never fit in %d a minute", estimate, tokens.Rate), http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(res.RetryAfter.Seconds())), 10))
 		http.Error(w, fmt.Sprintf("%d tokens used of %d a minute; %d do not fit", res.Count, tokens.Rate, estimate), http.StatusTooManyRequests)
 		return
 	}

@@ -89,4 +89,12 @@ func satAdd(a, b int64) int64 {
 	return a + b
 }
 
-func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+// ms returns n ms as a Duration, math.MaxInt64 for more than a Duration
+// holds (a wait of two windows of more than 146 years): the product would
+// wrap to a negative wait.
+func ms(n int64) time.Duration {
+	if n > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Millisecond
+}

@@ -69,6 +69,15 @@ func TestWaitUntilBruteForce(t *testing.T) {
 	}
 }
 
+// TestWaitUntilLongWindow: a wait of up to two windows does not fit a
+// Duration once a window is over 146 years; it saturates instead of
+// wrapping to a negative wait.
+func TestWaitUntilLongWindow(t *testing.T) {
+	w := int64(200 * 365 * 24 * time.Hour / time.Millisecond)
+	require.Equal(t, time.Duration(math.MaxInt64), WaitUntil(5, 0, w, 0, 0), "about 1.8 windows")
+	require.Equal(t, time.Duration(w+1)*time.Millisecond, WaitUntil(1, 0, w, 0, 0), "one window and a ms still fits")
+}
+
 // TestWaitUntilProperty checks, on windows too long to step through, that
 // at the wait WaitUntil reports the estimate is at most target and 1 ms
 // before it is not.
