@@ -36,14 +36,15 @@ var (
 )
 
 // InfDuration is the RetryAfter of a request that would never be allowed:
-// its cost is above the limit's Rate. It is the longest Duration,
-// math.MaxInt64 (about 292 years), as in golang.org/x/time/rate, so that a
-// caller that takes RetryAfter as a wait and rounds it up waits for ever
-// rather than retrying at once: math.Ceil(d.Seconds()) is 9223372037 and
-// d.Round saturates. Test for it with == InfDuration. Integer arithmetic on
-// it wraps: (d + time.Second - 1) / time.Second is negative for
-// InfDuration, so check for it before rounding that way.
-const InfDuration = time.Duration(math.MaxInt64)
+// its cost is above the limit's Rate. It is about 292 years, as in
+// golang.org/x/time/rate, so that a caller that takes RetryAfter as a wait
+// and rounds it up waits for ever rather than retrying at once. It is
+// math.MaxInt64 less a second but a ns, where x/time/rate's is
+// math.MaxInt64, so that the integer idiom of rounding up to seconds,
+// (d + time.Second - 1) / time.Second, does not wrap: it gives 9223372036,
+// as math.Ceil(d.Seconds()) does; d.Round saturates. Test for it with
+// == InfDuration, not against x/time/rate's.
+const InfDuration = time.Duration(math.MaxInt64 - (time.Second - 1))
 
 // maxLimits is the most limits AllowAll and PeekAll take in one call. Each
 // limit adds its keys and four arguments to the one script call; real plans

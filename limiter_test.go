@@ -223,6 +223,7 @@ func testCostAboveRate(t *testing.T, e env) {
 	// header wants, is told to wait, never to retry at once.
 	require.Positive(t, math.Ceil(res.RetryAfter.Seconds()))
 	require.Positive(t, res.RetryAfter.Round(time.Second))
+	require.Positive(t, (res.RetryAfter+time.Second-1)/time.Second, "the integer idiom wraps on math.MaxInt64")
 	require.Equal(t, int64(0), res.Count)
 	require.Equal(t, int64(0), e.get(t, "big", time.Second, e.windowIndex(time.Second)))
 }

@@ -62,16 +62,16 @@ func (p position) estimate(c *counts) int64 {
 }
 
 // waitUntil returns the shortest wait after which the estimate would be at
-// most target if no other request came; InfDuration if target is negative:
-// it never would be.
+// most target if no other request came; InfDuration if target is negative
+// (it never would be), or if the wait is as long (windows of centuries).
 func (p position) waitUntil(c *counts, target int64) time.Duration {
 	if target < 0 {
 		return InfDuration
 	}
 	if p.subs == 0 {
-		return window.WaitUntil(c[0], c[1], p.w, p.e, target)
+		return min(window.WaitUntil(c[0], c[1], p.w, p.e, target), InfDuration)
 	}
-	return window.StrictWaitUntil(c[:p.keys()], p.w, p.e, target)
+	return min(window.StrictWaitUntil(c[:p.keys()], p.w, p.e, target), InfDuration)
 }
 
 // shift returns c as it stands d windows later with no traffic in between:

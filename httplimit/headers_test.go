@@ -3,6 +3,7 @@ package httplimit
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"testing"
@@ -504,7 +505,7 @@ func TestResetSeconds(t *testing.T) {
 		{"denied: 1000ms", ratelimit.Result{RetryAfter: 1000 * ms, ResetAfter: 90 * time.Second}, "1", "1"},
 		{"denied: 1001ms", ratelimit.Result{RetryAfter: 1001 * ms, ResetAfter: 90 * time.Second}, "2", "2"},
 		{"denied: 59.5s", ratelimit.Result{RetryAfter: 59_500 * ms, ResetAfter: 90 * time.Second}, "60", "60"},
-		{"denied: a wait near math.MaxInt64 does not wrap", ratelimit.Result{RetryAfter: ratelimit.InfDuration - 1, ResetAfter: ratelimit.InfDuration - 1}, "9223372037", "9223372037"},
+		{"denied: a wait near math.MaxInt64 does not wrap", ratelimit.Result{RetryAfter: math.MaxInt64, ResetAfter: math.MaxInt64}, "9223372037", "9223372037"},
 		{"denied forever, some usage: no reset", ratelimit.Result{RetryAfter: ratelimit.InfDuration, ResetAfter: 2500 * ms}, "", ""},
 		{"denied forever, no usage: no reset", ratelimit.Result{RetryAfter: ratelimit.InfDuration}, "", ""},
 	}
