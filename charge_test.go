@@ -264,18 +264,29 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 
 	t.Run("Observed", func(t *testing.T) {
 		e := mk(t)
-		var kinds []ratelimit.EventKind
-		var costs []int64
-		l := e.limiter(ratelimit.WithObserver(ratelimit.ObserverFunc(func(_ context.Context, ev *ratelimit.Event) {
-			kinds, costs = append(kinds, ev.Kind), append(costs, ev.Cost)
-		})))
+		calls := &callObserver{}
+		l := e.limiter(ratelimit.WithObserver(calls))
 		r, err := l.AllowN(ctx, "u", minute, 3)
 		require.NoError(t, err)
 		require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{r}, 2))
 		_, err = l.Charge(ctx, "u", []ratelimit.Limit{minute}, 4)
 		require.NoError(t, err)
-		require.Equal(t, []ratelimit.EventKind{ratelimit.EventDecision, ratelimit.EventRefund, ratelimit.EventCharge}, kinds)
-		require.Equal(t, []int64{3, 2, 4}, costs)
+		require.Equal(t, []ratelimit.EventKind{ratelimit.EventDecision, ratelimit.EventRefund, ratelimit.EventCharge}, calls.kinds)
+		require.Equal(t, []int64{3, 2, 4}, calls.costs)
+		require.Equal(t, []bool{false, true, true}, calls.call, "a charge and a refund go to ObserveCall")
+
+		// An Observer that is no CallObserver, written to count decisions,
+		// sees only the decision.
+		var kinds []ratelimit.EventKind
+		l = e.limiter(ratelimit.WithObserver(ratelimit.ObserverFunc(func(_ context.Context, ev *ratelimit.Event) {
+			kinds = append(kinds, ev.Kind)
+		})))
+		r, err = l.AllowN(ctx, "w", minute, 3)
+		require.NoError(t, err)
+		require.NoError(t, l.Refund(ctx, "w", []ratelimit.Result{r}, 2))
+		_, err = l.Charge(ctx, "w", []ratelimit.Limit{minute}, 4)
+		require.NoError(t, err)
+		require.Equal(t, []ratelimit.EventKind{ratelimit.EventDecision}, kinds)
 	})
 
 	t.Run("DenyCache", func(t *testing.T) {
@@ -331,4 +342,20 @@ func TestChargeRefundRedisCluster(t *testing.T) {
 func TestChargeRefundBatched(t *testing.T) {
 	t.Parallel()
 	runChargeRefund(t, withOpts(miniredisEnv, ratelimit.WithBatching(64)))
+}
+
+// callObserver records the Kind and Cost of every Event it sees, and whether
+// it came through ObserveCall.
+type callObserver struct {
+	kinds []ratelimit.EventKind
+	costs []int64
+	call  []bool
+}
+
+func (o *callObserver) Observe(_ context.Context, e *ratelimit.Event) { o.add(e, false) }
+
+func (o *callObserver) ObserveCall(_ context.Context, e *ratelimit.Event) { o.add(e, true) }
+
+func (o *callObserver) add(e *ratelimit.Event, call bool) {
+	o.kinds, o.costs, o.call = append(o.kinds, e.Kind), append(o.costs, e.Cost), append(o.call, call)
 }

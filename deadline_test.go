@@ -25,6 +25,14 @@ type leftEvents struct {
 }
 
 func (o *leftEvents) Observe(_ context.Context, e *ratelimit.Event) {
+	if e.Left {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.bad = fmt.Errorf("a Left Event reached Observe: %+v", *e)
+	}
+}
+
+func (o *leftEvents) ObserveCall(_ context.Context, e *ratelimit.Event) {
 	if !e.Left {
 		return
 	}

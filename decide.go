@@ -452,7 +452,11 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 	if l.observeIDs {
 		e.ID = id
 	}
-	l.observer.Observe(ctx, e)
+	if e.Kind == EventDecision && !e.Left {
+		l.observer.Observe(ctx, e)
+	} else if c, ok := l.observer.(CallObserver); ok {
+		c.ObserveCall(ctx, e)
+	}
 	clear(e.results)
 	*e = Event{results: e.results[:0]}
 	events.Put(e)

@@ -39,7 +39,9 @@ func (s Source) String() string {
 
 // Event describes one decision on its way out of the Limiter, for an
 // Observer. Every decision makes one: allowed or denied, single- or
-// multi-limit, a look (Peek, PeekAll) or not, whoever made it.
+// multi-limit, a look (Peek, PeekAll) or not, whoever made it; so do a
+// Charge, a Refund, and a failed call whose caller left, for a
+// CallObserver.
 type Event struct {
 	// ID is the client id, and empty unless WithObserverIDs asked for it:
 	// ids are often addresses or API keys.
@@ -63,11 +65,12 @@ type Event struct {
 	// Err is the Redis error the failure policy decided on; nil when Redis
 	// decided. For a charge or a refund, the error it returned.
 	Err error
-	// Kind says whether the Event is of a decision, a Charge or a Refund. A
-	// refund's Results are those it was given, and its Cost what it gave
-	// back.
+	// Kind says whether the Event is of a decision, a Charge or a Refund
+	// (these two only for a CallObserver). A refund's Results are those it
+	// was given, and its Cost what it gave back.
 	Kind EventKind
-	// Left reports that the caller's ctx was done before Redis answered:
+	// Left (only for a CallObserver) reports that the caller's ctx was done
+	// before Redis answered:
 	// the caller got its ctx's error and no decision, and its call went on,
 	// bounded by the Limiter's timeout (WithTimeout), and failed; Err says
 	// how. Such an Event comes when the call fails, from another goroutine,
@@ -105,13 +108,25 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Observer sees every decision a Limiter makes, on the caller's goroutine,
-// after the decision and before the caller gets it: it should be quick and
-// safe for simultaneous use. The Event is valid only during the call. The
-// one Event that comes later, from another goroutine, is that of a call
-// that failed after its caller left (Event.Left).
+// Observer sees every decision a Limiter makes (Allow, AllowN, AllowAll,
+// Peek, PeekAll, each try of Wait), on the caller's goroutine, after the
+// decision and before the caller gets it: it should be quick and safe for
+// simultaneous use. The Event is valid only during the call. It sees
+// nothing else: an Event's Kind is EventDecision and its Left false, so
+// that an Observer can count every Event as a decision. To see Charges,
+// Refunds and the calls of callers who left, implement CallObserver too.
 type Observer interface {
 	Observe(ctx context.Context, e *Event)
+}
+
+// A CallObserver is an Observer that also sees the Limiter's Redis work that
+// is no decision a caller got: a Charge or a Refund (Event.Kind), on its
+// caller's goroutine, and the failed call of a caller who left before Redis
+// answered (Event.Left), later, from another goroutine. The Event is valid
+// only during the call.
+type CallObserver interface {
+	Observer
+	ObserveCall(ctx context.Context, e *Event)
 }
 
 // ObserverFunc adapts a function to Observer.

@@ -237,8 +237,9 @@ func WithCountDenied(on bool) Option {
 	return optionFunc(func(c *config) { c.countDenied = on })
 }
 
-// WithObserver sets an Observer that sees every decision (default none). With
-// none, a decision costs nothing more.
+// WithObserver sets an Observer that sees every decision (default none); one
+// that is a CallObserver also sees charges, refunds, and the failed calls
+// of callers who left. With none, a decision costs nothing more.
 func WithObserver(o Observer) Option {
 	return optionFunc(func(c *config) { c.observer = o })
 }

@@ -229,22 +229,25 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	return p
 }
 
-// Observe records one decision: it implements ratelimit.Observer. Of a
-// Charge, a Refund, or a call whose caller left (Event.Left) it records
-// the Redis call's duration only. It counts
+// ObserveCall records the Redis call of a Charge, a Refund, or a decision
+// whose caller left (Event.Left): its duration only, with the error's type.
+// It implements ratelimit.CallObserver. None is a decision: a refund's
+// Results are a decision already counted, and a caller who left got none.
+func (o *Observer) ObserveCall(ctx context.Context, e *ratelimit.Event) {
+	if e.Duration > 0 {
+		o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
+	}
+}
+
+// Observe records one decision: it implements ratelimit.Observer. It counts
 // the decision under the policy of the Result that decided (see
 // decidingPolicy); records the Redis call's duration if one was made; and
 // counts each admitted Result at or above the near-limit fraction of its
-// Rate, unless the decision was a look or the failure policy's.
+// Rate, unless the decision was a look or the failure policy's. An Event
+// that is no decision (see ObserveCall) is left to ObserveCall.
 func (o *Observer) Observe(ctx context.Context, e *ratelimit.Event) {
 	if e.Kind != ratelimit.EventDecision || e.Left {
-		// A Charge or a Refund decides nothing: its Redis call is one, but
-		// it is no decision, and a refund's Results are a decision already
-		// counted. Nor does a call whose caller left (Event.Left): its
-		// failure is a Redis call's duration, with the error's type.
-		if e.Duration > 0 {
-			o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
-		}
+		o.ObserveCall(ctx, e)
 		return
 	}
 	if len(e.Results) == 0 {
