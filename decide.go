@@ -158,9 +158,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	err := l.t.do(ctx, reqs, replies)
 	if merged {
 		d.received(replies, len(gives))
-		if err == nil {
-			l.leases.gaveBack(ctx, id, replies[:len(gives)])
-		}
+		l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
 	}
 	if err == nil {
 		for _, r := range d.replies {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,6 +38,9 @@ type leaseTable struct {
 	sweeping bool          // a sweeper goroutine runs
 	stopped  chan struct{} // closed when the last sweeper started has ended
 	manual   bool          // no sweeper goroutine: a test calls sweep
+
+	givenBack atomic.Int64 // units given back, Redis said so
+	lost      atomic.Int64 // units not given back: dropped, or their call failed
 }
 
 // leaseKey is an id and the length and kind of a limit's windows: the
@@ -68,6 +72,8 @@ type lease struct {
 func (t *leaseTable) queue(g pendingGive) {
 	if len(t.pending) < maxLeases {
 		t.pending = append(t.pending, g)
+	} else {
+		t.lost.Add(-g.req.cost)
 	}
 	t.start()
 }
@@ -347,12 +353,20 @@ func (t *leaseTable) later(id string, gives []*request) {
 	t.mu.Unlock()
 }
 
-// gaveBack reports the give-backs of a call that failed alone: a key that
-// holds no count.
-func (t *leaseTable) gaveBack(ctx context.Context, id string, replies []reply) {
-	for _, r := range replies {
-		if r.err != nil {
-			t.l.onError(ctx, id, wrap("ratelimit: giving back a lease", r.err))
+// gaveBack counts the give-backs that went in a decision's call, with
+// their replies, and reports those that failed alone (a key that holds no
+// count); all are lost when the call failed (err), which its decision
+// reports.
+func (t *leaseTable) gaveBack(ctx context.Context, id string, gives []*request, replies []reply, err error) {
+	for i, g := range gives {
+		switch {
+		case err != nil:
+			t.lost.Add(-g.cost)
+		case replies[i].err != nil:
+			t.lost.Add(-g.cost)
+			t.l.onError(ctx, id, wrap("ratelimit: giving back a lease", replies[i].err))
+		default:
+			t.givenBack.Add(-g.cost)
 		}
 	}
 }
@@ -481,6 +495,19 @@ func (t *leaseTable) send(g pendingGive) {
 		err = out[0].err
 	}
 	if err != nil {
+		t.lost.Add(-g.req.cost)
 		t.l.onError(context.Background(), g.id, wrap("ratelimit: giving back a lease", err))
+		return
 	}
+	t.givenBack.Add(-g.req.cost)
+}
+
+// held returns how many leases the table holds, and their units.
+func (t *leaseTable) held() (leases int, units int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.entries {
+		units += e.left
+	}
+	return len(t.entries), units
 }

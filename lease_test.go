@@ -526,9 +526,10 @@ func TestLeaseTableBounded(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, ratelimit.LeaseCount(l), max)
+	require.Equal(t, ratelimit.LeaseCount(l), l.Stats().Leases)
 	ratelimit.SweepLeases(l) // sends the evicted leases' give-backs
 	w := e.windowIndex(time.Minute)
-	given := 0
+	given, unused := 0, int64(0)
 	for i := range ids {
 		n, err := e.client.Get(ctx, e.key(fmt.Sprint("id-", i), time.Minute, w)).Int64()
 		require.NoError(t, err)
@@ -536,8 +537,43 @@ func TestLeaseTableBounded(t *testing.T) {
 		if n == 2 {
 			given++
 		}
+		unused += n - 2 // two admitted
 	}
 	require.GreaterOrEqual(t, given, ids-max, "the evicted leases gave back their unit")
+	require.Equal(t, unused, l.Stats().LeasedUnits, "what Redis counted and no decision used is what the leases hold")
+}
+
+// Stats tells what the leases hold and what they gave back: a hot id's
+// lease grows; a Charge drains it, giving back what it held in the charge's
+// own call.
+func TestLeaseStats(t *testing.T) {
+	t.Parallel()
+	e := miniredisEnv(t)
+	l := leasingByHand(t, e)
+	ctx := context.Background()
+	limit := ratelimit.Limit{Rate: 1000, Window: time.Minute, Leased: true}
+	const admitted = 20
+	allowTimes(t, l, "hot", limit, admitted)
+	w := e.windowIndex(time.Minute)
+	counted, err := e.client.Get(ctx, e.key("hot", time.Minute, w)).Int64()
+	require.NoError(t, err)
+	st := l.Stats()
+	require.Equal(t, 1, st.Leases)
+	require.Positive(t, st.LeasedUnits, "the lease grew past what was used")
+	require.Equal(t, counted-admitted, st.LeasedUnits, "counted in Redis and not used")
+	require.Zero(t, st.LeaseUnitsGivenBack)
+
+	_, err = l.Charge(ctx, "hot", []ratelimit.Limit{limit}, 1)
+	require.NoError(t, err)
+	after, err := e.client.Get(ctx, e.key("hot", time.Minute, w)).Int64()
+	require.NoError(t, err)
+	require.Equal(t, int64(admitted+1), after, "the charge's call gave the lease back")
+	held := st.LeasedUnits
+	st = l.Stats()
+	require.Zero(t, st.Leases)
+	require.Zero(t, st.LeasedUnits)
+	require.Equal(t, held, st.LeaseUnitsGivenBack)
+	require.Zero(t, st.LeaseUnitsLost)
 }
 
 func TestLeaseMiniredis(t *testing.T) {

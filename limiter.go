@@ -330,6 +330,18 @@ type Stats struct {
 	BreakerOpen bool
 	// DenyCacheEntries is the number of clients the deny cache holds.
 	DenyCacheEntries int
+	// Leases is the number of leases (Limit.Leased) this process holds, and
+	// LeasedUnits the units they hold: counted in Redis and not yet used
+	// here, what the limits under-use now.
+	Leases      int
+	LeasedUnits int64
+	// LeaseUnitsGivenBack counts the unused leased units given back to
+	// Redis since New, and LeaseUnitsLost those that were not: dropped (a
+	// full queue of give-backs) or whose give-back failed. A lost unit is
+	// under-use until its window ends, never over-admission. (Reset drops
+	// leases without either: their counts are gone.)
+	LeaseUnitsGivenBack int64
+	LeaseUnitsLost      int64
 }
 
 // Stats returns a snapshot of the Limiter's local state.
@@ -340,6 +352,10 @@ func (l *Limiter) Stats() Stats {
 	}
 	if l.denied != nil {
 		s.DenyCacheEntries = l.denied.table.size()
+	}
+	if l.leases != nil {
+		s.Leases, s.LeasedUnits = l.leases.held()
+		s.LeaseUnitsGivenBack, s.LeaseUnitsLost = l.leases.givenBack.Load(), l.leases.lost.Load()
 	}
 	return s
 }
