@@ -37,6 +37,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -344,6 +345,23 @@ func (w *statusWriter) Flush() {
 		f.Flush()
 	}
 }
+
+// ReadFrom copies src to the response through the wrapped ResponseWriter's
+// own ReadFrom when it has one, so that a handler's io.Copy from a file
+// keeps net/http's sendfile; otherwise through Write.
+func (w *statusWriter) ReadFrom(src io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(writerOnly{w.ResponseWriter}, src)
+}
+
+// writerOnly hides every method of a Writer but Write, so that io.Copy
+// does not come back to ReadFrom.
+type writerOnly struct{ io.Writer }
 
 // Unwrap returns the ResponseWriter it wraps, for http.ResponseController.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
