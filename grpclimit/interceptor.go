@@ -128,8 +128,10 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 			return handler(ctx, req)
 		}
 		ctx = context.WithValue(ctx, decidedKey{}, d)
+		code := codes.Internal // if the handler panics
+		defer func() { in.settle(ctx, info.FullMethod, d, code) }()
 		resp, err := handler(ctx, req)
-		in.settle(ctx, info.FullMethod, d, err)
+		code = status.Code(err)
 		return resp, err
 	}, nil
 }
@@ -153,8 +155,10 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 			return handler(srv, ss)
 		}
 		ws := &decidedStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), decidedKey{}, d)}
+		code := codes.Internal // if the handler panics
+		defer func() { in.settle(ws.ctx, info.FullMethod, d, code) }()
 		err = handler(srv, ws)
-		in.settle(ws.ctx, info.FullMethod, d, err)
+		code = status.Code(err)
 		return err
 	}, nil
 }
@@ -180,12 +184,15 @@ type decidedStream struct {
 func (s *decidedStream) Context() context.Context { return s.ctx }
 
 // settle refunds a call that WithCountIf says should not count, once its
-// handler has returned err. The caller may have left: the refund is owed
-// all the same, within the Limiter's timeout. A call that counted nothing
-// (shadow mode let a denial through, the failure policy decided) has
-// nothing to refund, and Refund says so: no failure to report.
-func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, err error) {
-	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, status.Code(err)) {
+// handler has returned with code, or panicked (codes.Internal, as a
+// recovery interceptor answers it, if anything does). It runs deferred, so
+// that a panic is settled as httplimit settles one. The caller may have
+// left: the refund is owed all the same, within the Limiter's timeout. A
+// call that counted nothing (shadow mode let a denial through, the failure
+// policy decided) has nothing to refund, and Refund says so: no failure to
+// report.
+func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, code codes.Code) {
+	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, code) {
 		return
 	}
 	_ = d.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)

@@ -47,7 +47,11 @@ type config struct {
 // The refund gives back the cost the call was decided at, not what Charge
 // added since; it goes through the Limiter's Refund, whose failures reach
 // the Limiter's error handler. For a stream, the code is the one its
-// handler returned with, when the stream ends.
+// handler returned with, when the stream ends. A handler that panics is
+// given codes.Internal, as a recovery interceptor chained before this one
+// answers it (without one, grpc-go lets the panic end the process), and
+// the refund is made as the panic goes on up: httplimit gives a panic 500
+// by the same rule.
 func WithCountIf(fn func(ctx context.Context, fullMethod string, code codes.Code) bool) Option {
 	return optionFunc(func(c *config) { c.countIf = fn })
 }
