@@ -52,7 +52,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -341,7 +340,7 @@ func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
 // RetryInfo of the exact wait when a retry can pass and Redis decided. The
 // message names the limit as the metadata does.
 func denied(bind ratelimit.Result) error {
-	name := httplimit.PolicyName(bind.Limit)
+	name := PolicyName(bind.Limit)
 	switch {
 	case bind.Degraded:
 		// The wait of a local decision is this process's guess, not the

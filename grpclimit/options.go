@@ -90,7 +90,7 @@ func WithKeyFunc(fn func(ctx context.Context, fullMethod string) string) Option 
 // client put left of what a trusted proxy wrote are never read; if every
 // entry is in from, the left-most is. A trusted peer that sent no value is
 // counted by its own address. An entry that is reached and is not an
-// address makes the call httplimit.UnknownClient. The rule is
+// address makes the call UnknownClient. The rule is
 // httplimit.ForwardedClient's, and so httplimit.WithTrustedProxies'.
 //
 // A key that is not a valid metadata key, a binary ("-bin") or reserved
@@ -141,7 +141,7 @@ func validMDKey(k string) bool {
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
 // its key (default 64): every address in one such prefix shares a count, as
-// httplimit.WithIPv6Prefix does (see httplimit.ClientKey). bits outside
+// httplimit.WithIPv6Prefix does (see ClientKey). bits outside
 // 1..128 is a configuration error.
 func WithIPv6Prefix(bits int) Option {
 	return optionFunc(func(c *config) {
