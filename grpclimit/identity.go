@@ -28,13 +28,13 @@ const UnknownClient = httplimit.UnknownClient
 // count one client under one key.
 func ClientKey(addr netip.Addr, ipv6Bits int) string { return httplimit.ClientKey(addr, ipv6Bits) }
 
-// identity returns the id a call is counted under: WithKeyFunc's answer if
-// it is not empty, or else the client address's key, ClientKey's
+// identity returns the id a call is counted under: the first KeyFunc's
+// answer that is not empty, or else the client address's key, ClientKey's
 // (UnknownClient for a call without a usable address), so that one client
 // is one count over HTTP and gRPC alike.
 func (c *config) identity(ctx context.Context, fullMethod string) string {
-	if c.keyFunc != nil {
-		if id := c.keyFunc(ctx, fullMethod); id != "" {
+	for _, fn := range c.keys {
+		if id := fn(ctx, fullMethod); id != "" {
 			return id
 		}
 	}

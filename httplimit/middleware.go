@@ -28,6 +28,17 @@
 // (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy only, and a
 // request that can never pass gets no time to retry at.
 //
+// grpclimit is this package's twin for gRPC servers: the same concept has
+// the same name and the same rule in both (see its package documentation
+// for what only one of them has, and why). An empty plan from WithPlanFunc
+// (nil or no limit) is the default plan, never "not limited", in both: a
+// tier missing from a map must not make an unlimited API, and what is to go
+// uncounted says so with WithSkip. WithCountIf settles a handler that
+// panics as one that answered 500 (codes.Internal in grpclimit).
+// grpclimit's WithMethodLimits has no twin here: net/http's routes are the
+// router's, so a route's plan is WithPlanFunc's, counted apart with
+// WithRoute.
+//
 // New reports a configuration error; Middleware, which cannot fail, logs it
 // once and answers every request with 500. Nothing in the package panics on
 // configuration.
