@@ -154,7 +154,7 @@ func TestIPv6Grouping(t *testing.T) {
 // call from, and everyone else by address.
 func TestKeyFunc(t *testing.T) {
 	tokens := map[string]string{"secret-alice": "alice"} // what an auth service verified
-	keyFunc := grpclimit.WithKeyFunc(func(ctx context.Context, fullMethod string) string {
+	keyFunc := grpclimit.WithKeys(func(ctx context.Context, fullMethod string) string {
 		v := metadata.ValueFromIncomingContext(ctx, "authorization")
 		if len(v) != 1 || tokens[v[0]] == "" {
 			return ""
