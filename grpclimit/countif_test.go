@@ -128,3 +128,46 @@ func TestCountIfStream(t *testing.T) {
 	code = status.Code(in2(nil, fakeStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: "/test.Echo/Other"}, ok))
 	require.Equal(t, codes.ResourceExhausted, code, "1 + 9 counted")
 }
+
+// A handler that panics is codes.Internal, as a recovery interceptor
+// answers it: WithCountIf sees Internal, so an API that does not count its
+// failures does not count it, unary or stream; httplimit's
+// TestCountIfPanic is the same rule with 500.
+func TestCountIfPanic(t *testing.T) {
+	notInternal := func(_ context.Context, _ string, code codes.Code) bool { return code != codes.Internal }
+	in, ctx, _ := unaryOf(t, ratelimit.PerMinute(2), grpclimit.WithCountIf(notInternal))
+	info := &grpc.UnaryServerInfo{FullMethod: "/test.Echo/A"}
+	boom := func(context.Context, any) (any, error) { panic("boom") }
+	for range 5 {
+		require.PanicsWithValue(t, "boom", func() { _, _ = in(ctx, nil, info, boom) })
+	}
+	ok := func(context.Context, any) (any, error) { return "ok", nil }
+	for range 2 {
+		_, err := in(ctx, nil, info, ok)
+		require.NoError(t, err, "no panic was counted")
+	}
+
+	// The same with a rule that counts everything: each panic counted.
+	all, ctx, _ := unaryOf(t, ratelimit.PerMinute(2),
+		grpclimit.WithCountIf(func(context.Context, string, codes.Code) bool { return true }))
+	for range 2 {
+		require.Panics(t, func() { _, _ = all(ctx, nil, info, boom) })
+	}
+	_, err := all(ctx, nil, info, ok)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err))
+
+	// A stream's panic, refunded as well.
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := ratelimit.New(rdb, ratelimit.WithClock(newFakeClock(start).Now), ratelimit.WithTimeout(time.Minute))
+	sin, err := grpclimit.NewStream(l, ratelimit.PerMinute(2), grpclimit.WithCountIf(notInternal))
+	require.NoError(t, err)
+	sinfo := &grpc.StreamServerInfo{FullMethod: "/test.Echo/Stream"}
+	for range 5 {
+		require.Panics(t, func() {
+			_ = sin(nil, fakeStream{ctx: ctx}, sinfo, func(any, grpc.ServerStream) error { panic("boom") })
+		})
+	}
+	require.NoError(t, sin(nil, fakeStream{ctx: ctx}, sinfo, func(any, grpc.ServerStream) error { return nil }), "no panic was counted")
+}

@@ -26,7 +26,7 @@ const (
 	// HeaderRemaining is what is left of the binding limit's rate after
 	// this call.
 	HeaderRemaining = "ratelimit-remaining"
-	// HeaderReset is in whole seconds, rounded up (httplimit.ResetSeconds):
+	// HeaderReset is in whole seconds, rounded up (ResetSeconds):
 	// until the binding limit's count is 0 on an allowed call, until the
 	// call would pass on a denied one; absent on a denial that can never
 	// pass.
@@ -34,7 +34,7 @@ const (
 	// HeaderPolicy has one value per enforced limit the call is decided
 	// against, in the order given: `"<name>";q=<rate>;w=<window in seconds, rounded up>`,
 	// as draft-ietf-httpapi-ratelimit-headers writes RateLimit-Policy. The
-	// name is httplimit.PolicyName's: Limit.Name, or one derived from the
+	// name is PolicyName's: Limit.Name, or one derived from the
 	// limit ("100-per-60s").
 	HeaderPolicy = "ratelimit-policy"
 	// HeaderRateLimit has one value per limit, in the same order:
@@ -47,15 +47,30 @@ const (
 	HeaderRetryAfter = "retry-after"
 )
 
+// PolicyName returns limit's name as the ratelimit-policy and ratelimit
+// metadata send it, quotes included: "burst" for a Limit named burst, and
+// for one with no Name a name derived from it, "100-per-60s". It is
+// httplimit.PolicyName, here so that a gRPC client or server need not
+// import httplimit: both name a limit the same way.
+func PolicyName(limit ratelimit.Limit) string { return httplimit.PolicyName(limit) }
+
+// ResetSeconds returns the seconds the metadata names as res's reset
+// (HeaderReset, the ratelimit values' t, and HeaderRetryAfter on a denial):
+// whole seconds, rounded up; on a denial that a retry can pass, the wait
+// until it would, at least 1; otherwise the wait until the count is 0. It
+// is httplimit.ResetSeconds, here so that a gRPC server need not import
+// httplimit.
+func ResetSeconds(res ratelimit.Result) int64 { return httplimit.ResetSeconds(res) }
+
 // policy is a limit with what the headers say about it, worked out once.
 type policy struct {
 	limit  ratelimit.Limit
-	quoted string // its name, as httplimit.PolicyName sends it
+	quoted string // its name, as PolicyName sends it
 	header string // its HeaderPolicy value
 }
 
 func newPolicy(limit ratelimit.Limit) policy {
-	q := httplimit.PolicyName(limit)
+	q := PolicyName(limit)
 	// The window in whole seconds, rounded up, as httplimit's
 	// RateLimit-Policy writes it.
 	w := limit.Window / time.Second
@@ -88,7 +103,7 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 	for _, i := range set.enforced {
 		v := set.policies[i].quoted + ";r=" + strconv.FormatInt(results[i].Remaining, 10)
 		if !never {
-			v += ";t=" + strconv.FormatInt(httplimit.ResetSeconds(results[i]), 10)
+			v += ";t=" + strconv.FormatInt(ResetSeconds(results[i]), 10)
 		}
 		values = append(values, v)
 	}
@@ -96,7 +111,7 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 	if never {
 		return md
 	}
-	reset := strconv.FormatInt(httplimit.ResetSeconds(bind), 10)
+	reset := strconv.FormatInt(ResetSeconds(bind), 10)
 	md[HeaderReset] = []string{reset}
 	if !bind.Allowed && bind.RetryAfter > 0 {
 		md[HeaderRetryAfter] = []string{reset}

@@ -11,21 +11,38 @@ import (
 	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
-// identity returns the id a call is counted under: WithKeyFunc's answer if
-// it is not empty, or else the client address's key, httplimit.ClientKey's
-// (httplimit.UnknownClient for a call without a usable address), so that
-// one client is one count over HTTP and gRPC alike.
+// UnknownClient is the key of every call whose client address cannot be
+// had: a peer that is not an IP address, or a trusted metadata entry that
+// is not an address. All such calls share this one count, so that a client
+// cannot escape its limit by sending garbage. It is httplimit's
+// UnknownClient, so that one client is one count over HTTP and gRPC alike.
+const UnknownClient = httplimit.UnknownClient
+
+// ClientKey returns the identity the interceptors count a client address
+// under: "ip:203.0.113.7" for IPv4, and for IPv6 "ip6:" and the prefix of
+// its first ipv6Bits bits ("ip6:2001:db8:1:2::/64"); ipv6Bits is what
+// WithIPv6Prefix was given, 0 for its default of 64. An invalid or
+// unspecified address, or ipv6Bits outside 0..128, gives UnknownClient. Use
+// it to Reset or Peek the count of an address. It is httplimit.ClientKey,
+// here so that a gRPC server need not import httplimit: the two packages
+// count one client under one key.
+func ClientKey(addr netip.Addr, ipv6Bits int) string { return httplimit.ClientKey(addr, ipv6Bits) }
+
+// identity returns the id a call is counted under: the first KeyFunc's
+// answer that is not empty, or else the client address's key, ClientKey's
+// (UnknownClient for a call without a usable address), so that one client
+// is one count over HTTP and gRPC alike.
 func (c *config) identity(ctx context.Context, fullMethod string) string {
-	if c.keyFunc != nil {
-		if id := c.keyFunc(ctx, fullMethod); id != "" {
+	for _, fn := range c.keys {
+		if id := fn(ctx, fullMethod); id != "" {
 			return id
 		}
 	}
 	a, ok := c.clientAddr(ctx)
 	if !ok {
-		return httplimit.UnknownClient
+		return UnknownClient
 	}
-	return httplimit.ClientKey(a, c.v6Bits)
+	return ClientKey(a, c.v6Bits)
 }
 
 // clientAddr returns the call's client address: the peer's, or, from a

@@ -11,10 +11,12 @@
 // IPv6 addresses are grouped by /64, exactly as httplimit groups them, so
 // that one client is one count over HTTP and gRPC alike.
 // WithTrustedMetadata says which metadata key the proxies in front write
-// the client address to, and from which ranges to believe it; WithKeyFunc
-// counts authenticated callers by who they are. WithMethodLimits gives
-// methods limits of their own, several at once if need be. A stream is one
-// decision, made when it opens: the messages it carries are not counted.
+// the client address to, and from which ranges to believe it; WithKeys
+// counts authenticated callers by who they are. A call may be held to
+// several limits at once (WithLimits; WithPlanFunc per tier), and
+// WithMethodLimits gives methods limits of their own, counted apart. A
+// stream is one decision, made when it opens: the messages it carries are
+// not counted.
 //
 // An allowed call goes on to its handler; a denied one fails with
 // codes.ResourceExhausted and a google.rpc.RetryInfo detail that carries
@@ -30,6 +32,41 @@
 // with that context's status (codes.Canceled, codes.DeadlineExceeded);
 // invalid input (a cost below 1 from WithCost) fails with codes.Internal
 // and is logged through log/slog.
+//
+// # Twins
+//
+// grpclimit is httplimit's twin: the same concept has the same name and the
+// same rule in both, in each protocol's idiom: an option's function gets
+// the call's context and full method name where httplimit's gets the
+// *http.Request, a handler that answers a request (WithDeniedHandler,
+// WithErrorHandler) becomes a function that returns the call's status
+// error, and metadata keys are lower case. Both have WithKeys (KeyFunc),
+// WithLimits, WithPlanFunc, WithCost, WithCountIf, Charge, WithSkip,
+// WithAllowList, WithShadowHandler, WithDeniedHandler, WithErrorHandler,
+// WithIPv6Prefix, FromContext and FromContextAll, and ClientKey,
+// UnknownClient, PolicyName and ResetSeconds, which are httplimit's, here so
+// that a gRPC server need not import httplimit.
+//
+// The rules they share: an empty plan (nil or no limit, from WithPlanFunc)
+// is the default plan, never "not limited", since a tier missing from a map
+// must not make an unlimited API; what is to go uncounted says so with
+// WithSkip (a method mapped to no limits in WithMethodLimits is therefore a
+// configuration error). WithCountIf settles a handler that panics as one
+// that failed (codes.Internal here, 500 there), and gives its cost back if
+// that should not count.
+//
+// What one has and the other has not, and why: httplimit's WithHeaders
+// chooses between the de facto X-RateLimit headers and the IETF ones; gRPC
+// has one set of lower-case names, always sent, which a client reads only if
+// it asks. WithRoute has no twin: a gRPC method is a fixed name the server
+// knows, and WithMethodLimits counts methods apart, while net/http's routes
+// are the router's. httplimit's WithTrustedProxies and WithClientIPHeader
+// are WithTrustedMetadata here: gRPC has no Forwarded header, and one rule
+// reads a list or a single address alike. APIKey, HashedKey and UserID,
+// KeyFuncs of headers and request contexts, have no twins: a gRPC caller's
+// identity comes from credentials an auth interceptor verified, a one-line
+// KeyFunc (hash a secret with httplimit.HashedKey). Problem and WriteProblem
+// are HTTP bodies; a denied call carries a google.rpc.RetryInfo instead.
 //
 // NewUnary and NewStream report a configuration error;
 // UnaryServerInterceptor and StreamServerInterceptor, which cannot fail,
@@ -52,16 +89,25 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
-// call against limit with l (or against its method's limits, see
-// WithMethodLimits) and passes it on to the handler only if it is allowed.
-// The rate-limit metadata (see HeaderLimit) is set with grpc.SetHeader
-// before the handler runs, or before the denial is returned.
+// call against limit with l (and the limits of WithLimits, if any) and
+// passes it on to the handler only if it is allowed.
 //
-// A denied call fails with codes.ResourceExhausted. Its status carries a
+// In the order it happens, as httplimit.Middleware's: a call WithSkip or
+// WithAllowList lets through goes on untouched. The others are counted
+// under their identity (WithKeys; by default the client address), at their
+// cost (WithCost; default 1), against their plan (WithMethodLimits' for
+// their method, else WithPlanFunc's, else limit and WithLimits'), in one
+// call of l.AllowAll. The Results are stored in the call's context
+// (FromContext, FromContextAll); the shadow handler sees each denial shadow
+// mode let through (WithShadowHandler). The rate-limit metadata (see
+// HeaderLimit) is set with grpc.SetHeader before the handler runs, or
+// before the denied or error handler chooses the call's status.
+//
+// A denied call fails with codes.ResourceExhausted (WithDeniedHandler
+// chooses another status). Its status carries a
 // google.rpc.RetryInfo detail whose retry_delay is the binding Result's
 // RetryAfter, exact to the millisecond; a call that can never pass (its
 // cost is above the limit's rate) has none, and its message says it can
@@ -115,7 +161,7 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 		return nil, err
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, d, err := in.decide(ctx, info.FullMethod)
+		ctx, md, d, err := in.decide(ctx, info.FullMethod)
 		if md != nil {
 			// It fails only when the call has no stream or its header is
 			// already sent; neither is so before the handler runs.
@@ -127,9 +173,10 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 		if d == nil {
 			return handler(ctx, req)
 		}
-		ctx = context.WithValue(ctx, decidedKey{}, d)
+		code := codes.Internal // if the handler panics
+		defer func() { in.settle(ctx, info.FullMethod, d, code) }()
 		resp, err := handler(ctx, req)
-		in.settle(ctx, info.FullMethod, d, err)
+		code = status.Code(err)
 		return resp, err
 	}, nil
 }
@@ -142,7 +189,7 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 		return nil, err
 	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, d, err := in.decide(ss.Context(), info.FullMethod)
+		ctx, md, d, err := in.decide(ss.Context(), info.FullMethod)
 		if md != nil {
 			_ = ss.SetHeader(md)
 		}
@@ -152,24 +199,56 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 		if d == nil {
 			return handler(srv, ss)
 		}
-		ws := &decidedStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), decidedKey{}, d)}
+		ws := &decidedStream{ServerStream: ss, ctx: ctx}
+		code := codes.Internal // if the handler panics
+		defer func() { in.settle(ws.ctx, info.FullMethod, d, code) }()
 		err = handler(srv, ws)
-		in.settle(ws.ctx, info.FullMethod, d, err)
+		code = status.Code(err)
 		return err
 	}, nil
 }
 
-// decided is what a call's context carries of its decision, for Charge and
-// WithCountIf.
+// decided is what a call's context carries of its decision, for
+// FromContext, Charge and WithCountIf. limiter is nil when the Limiter
+// returned an error: there is nothing to charge or refund.
 type decided struct {
 	limiter *ratelimit.Limiter
 	id      string
 	limits  []ratelimit.Limit
 	results []ratelimit.Result
+	binding ratelimit.Result
 	cost    int64
 }
 
 type decidedKey struct{}
+
+// FromContext returns the binding Result of the decision the interceptor
+// made for the call whose context ctx is (a handler's, a denied or error
+// handler's, or one derived from them), and whether there was one: there is
+// none for a call it let through uncounted (WithSkip, WithAllowList). It is
+// ratelimit.Binding of FromContextAll's Results: the enforced limit with the
+// longest wait on a denial and the least remaining otherwise. It is the
+// Result the rate-limit metadata and the RetryInfo describe, as
+// httplimit.FromContext is the one its headers describe.
+func FromContext(ctx context.Context) (ratelimit.Result, bool) {
+	d, ok := ctx.Value(decidedKey{}).(*decided)
+	if !ok {
+		return ratelimit.Result{}, false
+	}
+	return d.binding, true
+}
+
+// FromContextAll returns every Result of the decision the interceptor made
+// for the call whose context ctx is, one per limit, Shadow ones included,
+// in the order of the call's plan, and whether there was a decision. The
+// slice is the caller's own.
+func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
+	d, ok := ctx.Value(decidedKey{}).(*decided)
+	if !ok {
+		return nil, false
+	}
+	return append([]ratelimit.Result(nil), d.results...), true
+}
 
 // decidedStream is a stream whose context carries its decision.
 type decidedStream struct {
@@ -180,12 +259,15 @@ type decidedStream struct {
 func (s *decidedStream) Context() context.Context { return s.ctx }
 
 // settle refunds a call that WithCountIf says should not count, once its
-// handler has returned err. The caller may have left: the refund is owed
-// all the same, within the Limiter's timeout. A call that counted nothing
-// (shadow mode let a denial through, the failure policy decided) has
-// nothing to refund, and Refund says so: no failure to report.
-func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, err error) {
-	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, status.Code(err)) {
+// handler has returned with code, or panicked (codes.Internal, as a
+// recovery interceptor answers it, if anything does). It runs deferred, so
+// that a panic is settled as httplimit settles one. The caller may have
+// left: the refund is owed all the same, within the Limiter's timeout. A
+// call that counted nothing (shadow mode let a denial through, the failure
+// policy decided) has nothing to refund, and Refund says so: no failure to
+// report.
+func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, code codes.Code) {
+	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, code) {
 		return
 	}
 	_ = d.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)
@@ -198,7 +280,7 @@ func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided
 // and the Limiter's Charge errors otherwise; it denies nothing.
 func Charge(ctx context.Context, n int64) error {
 	d, ok := ctx.Value(decidedKey{}).(*decided)
-	if !ok {
+	if !ok || d.limiter == nil {
 		return errors.New("grpclimit: Charge: the call did not pass through the interceptor")
 	}
 	// The work is done: a caller that left owes it all the same, within the
@@ -243,11 +325,80 @@ func newPolicySet(route string, limits []ratelimit.Limit) *policySet {
 	return s
 }
 
+// check reports what makes the set unusable as a plan, as httplimit checks
+// one: a zero Limit, what ratelimit.ValidateLimits rejects (no limit, more
+// than 16, an invalid limit, two that would share one count), and two
+// limits of the same name, which the metadata could not tell apart. where
+// names the option or function the plan came from; the error wraps
+// ratelimit.ErrInvalidLimit.
+func (s *policySet) check(where string) error {
+	for i, limit := range s.limits {
+		if limit == (ratelimit.Limit{}) {
+			return fmt.Errorf("grpclimit: %s: %w: limit number %d is the zero Limit; "+
+				"a plan lists every limit it holds, the one given to the interceptor included", where, ratelimit.ErrInvalidLimit, i+1)
+		}
+	}
+	if err := ratelimit.ValidateLimits(s.limits); err != nil {
+		return fmt.Errorf("grpclimit: %s: %w", where, err)
+	}
+	for i, p := range s.policies {
+		for _, q := range s.policies[:i] {
+			if q.quoted == p.quoted {
+				return fmt.Errorf("grpclimit: %s: %w: two limits are named %s (%v and %v); the metadata could not tell them apart",
+					where, ratelimit.ErrInvalidLimit, p.quoted, q.limit, p.limit)
+			}
+		}
+	}
+	return nil
+}
+
+// checkDefault reports what makes the default plan (the limit given to fn,
+// NewUnary or NewStream, and WithLimits') unusable, naming the argument at
+// fault, as httplimit's New does.
+func checkDefault(fn string, s *policySet) error {
+	for i, limit := range s.limits {
+		where := fn + "'s limit"
+		if i > 0 {
+			where = fmt.Sprintf("WithLimits' limit number %d", i)
+		}
+		if limit == (ratelimit.Limit{}) {
+			return fmt.Errorf("grpclimit: %s: %w: it is the zero Limit", where, ratelimit.ErrInvalidLimit)
+		}
+		if err := limit.Validate(); err != nil {
+			return fmt.Errorf("grpclimit: %s: %w", where, err)
+		}
+	}
+	if len(s.limits) == 1 {
+		return s.check(fn)
+	}
+	return s.check(fn + " with WithLimits")
+}
+
 type interceptor struct {
 	cfg     config
 	limiter *ratelimit.Limiter
-	base    *policySet            // the limit given to the interceptor
-	methods map[string]*policySet // WithMethodLimits; nil set: not limited
+	base    *policySet            // the default plan: the limit given to the interceptor and WithLimits'
+	methods map[string]*policySet // WithMethodLimits
+}
+
+// planFor returns the plan a call is decided against: its method's
+// (WithMethodLimits), or the one WithPlanFunc returns for it, checked as
+// the default one is, or the default plan when there is no plan function or
+// it returns no limit: an empty plan is never "not limited" (that is
+// WithSkip), in grpclimit as in httplimit.
+func (in *interceptor) planFor(ctx context.Context, fullMethod string) (*policySet, error) {
+	if s, ok := in.methods[fullMethod]; ok {
+		return s, nil
+	}
+	if in.cfg.plan == nil {
+		return in.base, nil
+	}
+	limits := in.cfg.plan(ctx, fullMethod)
+	if len(limits) == 0 {
+		return in.base, nil
+	}
+	s := newPolicySet("", append([]ratelimit.Limit(nil), limits...))
+	return s, s.check("WithPlanFunc's plan")
 }
 
 // newInterceptor builds the interceptor of NewUnary or NewStream, which
@@ -262,60 +413,106 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("grpclimit: the Limiter is nil"))
 	}
-	base := []ratelimit.Limit{limit}
-	if err := ratelimit.ValidateLimits(base); err != nil {
-		cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s: %w", fn, err))
+	base := newPolicySet("", append([]ratelimit.Limit{limit}, cfg.extra...))
+	if err := checkDefault(fn, base); err != nil {
+		cfg.errs = append(cfg.errs, err)
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
-	in := &interceptor{cfg: cfg, limiter: l, base: newPolicySet("", base)}
+	in := &interceptor{cfg: cfg, limiter: l, base: base}
 	if len(cfg.methods) > 0 {
 		in.methods = make(map[string]*policySet, len(cfg.methods))
 		for name, limits := range cfg.methods {
-			if len(limits) == 0 {
-				in.methods[name] = nil
-				continue
-			}
 			in.methods[name] = newPolicySet(name+"|", limits)
 		}
 	}
 	return in, nil
 }
 
-// decide decides one call and returns the header metadata to send, if
-// any, the decision of a call let through (nil for a method not limited),
-// and the status error to fail the call with, or nil to let it go on.
-func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, *decided, error) {
-	set := in.base
-	if s, ok := in.methods[fullMethod]; ok {
-		if s == nil {
-			return nil, nil, nil
+// decide decides one call and returns its context, carrying the decision
+// when there is one, the header metadata to send, if any, the decision of
+// a call let through (nil for one let through uncounted), and the status
+// error to fail the call with, or nil to let it go on.
+func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.Context, metadata.MD, *decided, error) {
+	c := &in.cfg
+	if c.skip != nil && c.skip(ctx, fullMethod) {
+		return ctx, nil, nil, nil
+	}
+	if len(c.allow) > 0 {
+		if a, ok := c.clientAddr(ctx); ok {
+			for _, p := range c.allow {
+				if p.Contains(a) {
+					return ctx, nil, nil, nil
+				}
+			}
 		}
-		set = s
 	}
-	id := set.route + in.cfg.identity(ctx, fullMethod)
+	set, err := in.planFor(ctx, fullMethod)
+	var results []ratelimit.Result
+	var id string
 	cost := int64(1)
-	if in.cfg.cost != nil {
-		cost = in.cfg.cost(ctx, fullMethod)
+	if err == nil {
+		id = set.route + c.identity(ctx, fullMethod)
+		if c.cost != nil {
+			cost = c.cost(ctx, fullMethod)
+		}
+		results, err = in.limiter.AllowAll(ctx, id, set.limits, cost)
+	} else {
+		results = make([]ratelimit.Result, len(set.limits))
+		for i, limit := range set.limits {
+			results[i].Limit = limit
+		}
 	}
-	results, err := in.limiter.AllowAll(ctx, id, set.limits, cost)
+	d := &decided{results: results, binding: ratelimit.Binding(results), cost: cost}
+	if err == nil {
+		d.limiter, d.id, d.limits = in.limiter, id, set.limits
+	}
+	ctx = context.WithValue(ctx, decidedKey{}, d)
 	if err != nil {
 		var md metadata.MD
 		if len(set.enforced) > 0 && len(results) > 0 && results[0].Degraded {
-			md = headerMD(set, results, ratelimit.Binding(results))
+			md = headerMD(set, results, d.binding)
 		}
-		return md, nil, in.errorStatus(ctx, fullMethod, err)
+		return ctx, md, nil, in.errorStatus(ctx, fullMethod, err)
 	}
-	bind := ratelimit.Binding(results)
-	if !bind.Allowed {
-		return headerMD(set, results, bind), nil, denied(bind)
+	if c.onShadow != nil {
+		in.reportShadowed(ctx, fullMethod, d)
 	}
-	d := &decided{limiter: in.limiter, id: id, limits: set.limits, results: results, cost: cost}
+	if !d.binding.Allowed {
+		return ctx, headerMD(set, results, d.binding), nil, in.deniedStatus(ctx, fullMethod, d.binding)
+	}
 	if len(set.enforced) == 0 || shadowedThrough(set, results) {
-		return nil, d, nil
+		return ctx, nil, d, nil
 	}
-	return headerMD(set, results, bind), d, nil
+	return ctx, headerMD(set, results, d.binding), d, nil
+}
+
+// reportShadowed calls the shadow handler for each denial shadow mode let
+// through (see WithShadowHandler), as httplimit's does.
+func (in *interceptor) reportShadowed(ctx context.Context, fullMethod string, d *decided) {
+	whole := false
+	for _, res := range d.results {
+		if !res.Limit.Shadow {
+			whole = whole || res.Shadowed
+		} else if res.Shadowed {
+			in.cfg.onShadow(ctx, fullMethod, res)
+		}
+	}
+	if whole {
+		in.cfg.onShadow(ctx, fullMethod, d.binding)
+	}
+}
+
+// deniedStatus is the status a denied call fails with: the denied
+// handler's, or the default when there is none or it returns nil.
+func (in *interceptor) deniedStatus(ctx context.Context, fullMethod string, bind ratelimit.Result) error {
+	if in.cfg.denied != nil {
+		if err := in.cfg.denied(ctx, fullMethod); err != nil {
+			return err
+		}
+	}
+	return denied(bind)
 }
 
 // shadowedThrough reports a decision that ratelimit.WithShadow let
@@ -334,7 +531,7 @@ func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
 // RetryInfo of the exact wait when a retry can pass and Redis decided. The
 // message names the limit as the metadata does.
 func denied(bind ratelimit.Result) error {
-	name := httplimit.PolicyName(bind.Limit)
+	name := PolicyName(bind.Limit)
 	switch {
 	case bind.Degraded:
 		// The wait of a local decision is this process's guess, not the
@@ -354,10 +551,22 @@ func denied(bind ratelimit.Result) error {
 }
 
 // errorStatus returns the status of a call the limiter returned an error
-// for: the context's own when it ended, Unavailable when Redis could not
-// decide under FailClosed, and Internal, logged, for anything else: invalid
-// input, a bug in the configuration.
+// for: the error handler's, or the default when there is none or it returns
+// nil.
 func (in *interceptor) errorStatus(ctx context.Context, fullMethod string, err error) error {
+	if in.cfg.onError != nil {
+		if st := in.cfg.onError(ctx, fullMethod, err); st != nil {
+			return st
+		}
+	}
+	return defaultErrorStatus(ctx, fullMethod, err)
+}
+
+// defaultErrorStatus is the status of a call the limiter returned an error
+// for, when no error handler chose one: the context's own when it ended,
+// Unavailable when Redis could not decide under FailClosed, and Internal,
+// logged, for anything else: invalid input, a bug in the configuration.
+func defaultErrorStatus(ctx context.Context, fullMethod string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return status.FromContextError(ctxErr).Err()
 	}

@@ -154,7 +154,7 @@ func TestIPv6Grouping(t *testing.T) {
 // call from, and everyone else by address.
 func TestKeyFunc(t *testing.T) {
 	tokens := map[string]string{"secret-alice": "alice"} // what an auth service verified
-	keyFunc := grpclimit.WithKeyFunc(func(ctx context.Context, fullMethod string) string {
+	keyFunc := grpclimit.WithKeys(func(ctx context.Context, fullMethod string) string {
 		v := metadata.ValueFromIncomingContext(ctx, "authorization")
 		if len(v) != 1 || tokens[v[0]] == "" {
 			return ""
@@ -172,14 +172,15 @@ func TestKeyFunc(t *testing.T) {
 }
 
 // TestMethodLimits checks methods with limits of their own, several at
-// once, counted apart from the rest, and a method that is not limited.
+// once, counted apart from the rest, and a method that is not limited
+// (WithSkip).
 func TestMethodLimits(t *testing.T) {
 	perSecond, perMinute := ratelimit.PerSecond(2), ratelimit.Limit{Rate: 3, Window: time.Minute, Name: "a-minute"}
 	methods := grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{
 		"/test.Echo/A": {perSecond, perMinute},
-		"/test.Echo/C": nil,
 	})
-	e := newEnv(t, ratelimit.PerSecond(3), []grpclimit.Option{methods})
+	skip := grpclimit.WithSkip(func(_ context.Context, m string) bool { return m == "/test.Echo/C" })
+	e := newEnv(t, ratelimit.PerSecond(3), []grpclimit.Option{methods, skip})
 	conn := e.dial(client)
 
 	require.Equal(t, codes.OK, call(t, conn, "A").code)
@@ -465,9 +466,11 @@ func TestBadConfig(t *testing.T) {
 	}
 	// The error names the function it came from.
 	_, err := grpclimit.NewUnary(l, ratelimit.Limit{})
-	require.ErrorContains(t, err, "grpclimit: NewUnary: ratelimit: invalid limit")
-	_, err = grpclimit.NewStream(l, ratelimit.Limit{})
-	require.ErrorContains(t, err, "grpclimit: NewStream: ratelimit: invalid limit")
+	require.ErrorContains(t, err, "grpclimit: NewUnary's limit: ratelimit: invalid limit")
+	_, err = grpclimit.NewStream(l, ratelimit.PerMinute(0))
+	require.ErrorContains(t, err, "grpclimit: NewStream's limit: ratelimit: invalid limit")
+	_, err = grpclimit.NewUnary(l, ratelimit.PerMinute(1), grpclimit.WithLimits(ratelimit.PerSecond(1), ratelimit.PerMinute(2)))
+	require.ErrorContains(t, err, "grpclimit: NewUnary with WithLimits: ratelimit: invalid limit")
 	// Several mistakes are all named.
 	_, err = grpclimit.NewUnary(nil, ratelimit.Limit{}, grpclimit.WithIPv6Prefix(0))
 	require.ErrorContains(t, err, "the Limiter is nil")

@@ -28,15 +28,33 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// KeyFunc returns the identity a call is counted under, given the call's
+// context and its full method name ("/pkg.Service/Method"), or "" when the
+// call has no identity of the kind it looks for, so that the next KeyFunc
+// is tried: httplimit.KeyFunc, as a function of the gRPC call. The identity
+// should name its kind ("user:42", "svc:billing") so that it cannot meet
+// the identities of other KeyFuncs or an address key ("ip:…", "ip6:…"),
+// and must come from something the client cannot choose freely: a raw
+// metadata value gives every client as many counts as it has values to
+// send.
+type KeyFunc func(ctx context.Context, fullMethod string) string
+
 type config struct {
-	keyFunc func(ctx context.Context, fullMethod string) string
-	mdKey   string         // trusted metadata key; "": the peer address only
-	trusted []netip.Prefix // the peers mdKey is believed from
-	v6Bits  int            // 0: 64
-	methods map[string][]ratelimit.Limit
-	cost    func(ctx context.Context, fullMethod string) int64
-	countIf func(ctx context.Context, fullMethod string, code codes.Code) bool
-	errs    []error // what the options found wrong; NewUnary reports them
+	keys     []KeyFunc
+	mdKey    string            // trusted metadata key; "": the peer address only
+	trusted  []netip.Prefix    // the peers mdKey is believed from
+	v6Bits   int               // 0: 64
+	extra    []ratelimit.Limit // WithLimits
+	plan     func(ctx context.Context, fullMethod string) []ratelimit.Limit
+	methods  map[string][]ratelimit.Limit
+	cost     func(ctx context.Context, fullMethod string) int64
+	countIf  func(ctx context.Context, fullMethod string, code codes.Code) bool
+	skip     func(ctx context.Context, fullMethod string) bool
+	allow    []netip.Prefix
+	onShadow func(ctx context.Context, fullMethod string, res ratelimit.Result)
+	denied   func(ctx context.Context, fullMethod string) error
+	onError  func(ctx context.Context, fullMethod string, err error) error
+	errs     []error // what the options found wrong; NewUnary reports them
 }
 
 // WithCountIf counts a call only if fn, given the status code its handler
@@ -47,28 +65,159 @@ type config struct {
 // The refund gives back the cost the call was decided at, not what Charge
 // added since; it goes through the Limiter's Refund, whose failures reach
 // the Limiter's error handler. For a stream, the code is the one its
-// handler returned with, when the stream ends.
+// handler returned with, when the stream ends. A handler that panics is
+// given codes.Internal, as a recovery interceptor chained before this one
+// answers it (without one, grpc-go lets the panic end the process), and
+// the refund is made as the panic goes on up: httplimit gives a panic 500
+// by the same rule.
 func WithCountIf(fn func(ctx context.Context, fullMethod string, code codes.Code) bool) Option {
 	return optionFunc(func(c *config) { c.countIf = fn })
 }
 
-// WithKeyFunc counts calls by the identity fn returns, for authenticated
-// callers: a user or tenant id from the credentials.AuthInfo of
+// WithKeys sets how calls are told apart, as httplimit.WithKeys does: each
+// KeyFunc is tried in turn and the first identity that is not empty is the
+// one counted. The client address is always the last resort, so that
+// unauthenticated calls are counted by address and authenticated ones by
+// who they are: a user or tenant id from the credentials.AuthInfo of
 // peer.FromContext (an mTLS certificate), or from a token an earlier
-// interceptor verified. fn gets the call's context and its full method
-// name ("/pkg.Service/Method"); an empty answer counts the call by the
-// client address instead, as if there were no fn.
+// interceptor verified. Hash secrets such as API keys before returning
+// them (httplimit.HashedKey): Redis keys are seen by whoever can run SCAN.
+// Each KeyFunc runs on the call's goroutine and must be safe for
+// simultaneous use. With no KeyFunc (the default), every call is counted by
+// client address; nil KeyFuncs are dropped, and WithKeys given twice keeps
+// the last list.
+func WithKeys(fns ...KeyFunc) Option {
+	return optionFunc(func(c *config) {
+		c.keys = c.keys[:0]
+		for _, fn := range fns {
+			if fn != nil {
+				c.keys = append(c.keys, fn)
+			}
+		}
+	})
+}
+
+// WithKeyFunc is WithKeys(fn): calls are counted by the identity fn
+// returns, or by client address when it returns "". A nil fn counts by
+// address.
 //
-// The identity should name its kind ("user:42", "svc:billing"), so that it
-// cannot meet an address key ("ip:…", "ip6:…"), and must come from
-// something the client cannot choose freely: a raw metadata value gives
-// every client as many counts as it has values to send. Hash secrets such
-// as API keys before returning them: Redis keys are seen by whoever can run
-// SCAN. fn runs on every call, on the call's goroutine, and must be safe
-// for simultaneous use. WithKeyFunc given twice keeps the last fn; a nil fn
-// counts by address.
+// Deprecated: use WithKeys, its name in httplimit too, which also takes
+// several KeyFuncs tried in turn.
 func WithKeyFunc(fn func(ctx context.Context, fullMethod string) string) Option {
-	return optionFunc(func(c *config) { c.keyFunc = fn })
+	return WithKeys(fn)
+}
+
+// WithLimits adds limits beside the one given to the interceptor: the
+// default plan, as httplimit.WithLimits makes it. Each call is decided
+// against all of them at once, in one script call
+// (ratelimit.Limiter.AllowAll), and is allowed, and counted under each,
+// only if every enforced limit admits it: a burst limit with a daily one.
+// The metadata lists every enforced limit; each is named by PolicyName. The
+// plan must be one that ratelimit.ValidateLimits accepts, with no zero
+// Limit and no two limits of the same name, which the metadata could not
+// tell apart: NewUnary and NewStream report any of these as a configuration
+// error naming WithLimits. WithLimits given twice keeps the last list.
+func WithLimits(limits ...ratelimit.Limit) Option {
+	limits = append([]ratelimit.Limit(nil), limits...)
+	return optionFunc(func(c *config) { c.extra = limits })
+}
+
+// WithPlanFunc chooses the limits each call is decided against, for plans
+// per tier, as httplimit.WithPlanFunc does; fn gets the call's context and
+// full method name and runs before the decision, for every method not in
+// WithMethodLimits. The limits it returns are the call's whole plan,
+// decided all at once, in that order. A nil or empty plan selects the
+// default plan (the limit given to the interceptor and WithLimits'), never
+// "not limited": a tier missing from a map must not make an unlimited API;
+// to let calls through uncounted, use WithSkip. A plan that the default
+// one could not be (see WithLimits) fails the call with codes.Internal,
+// logged, naming WithPlanFunc. Calls of every method share their counts per
+// identity; a method counted apart belongs in WithMethodLimits.
+func WithPlanFunc(fn func(ctx context.Context, fullMethod string) []ratelimit.Limit) Option {
+	return optionFunc(func(c *config) { c.plan = fn })
+}
+
+// WithSkip lets the calls for which fn is true through uncounted and
+// without rate-limit metadata: health checks, reflection. fn gets the
+// call's context and full method name. WithSkip given twice keeps the last
+// fn.
+func WithSkip(fn func(ctx context.Context, fullMethod string) bool) Option {
+	return optionFunc(func(c *config) { c.skip = fn })
+}
+
+// WithAllowList lets calls from client addresses in prefixes through
+// uncounted and without rate-limit metadata, as httplimit.WithAllowList
+// does. The address is the one the call is counted by (the peer's, or
+// WithTrustedMetadata's from a trusted peer), so a client cannot get on the
+// list by sending metadata. An invalid prefix is a configuration error.
+// WithAllowList given twice keeps the last list.
+func WithAllowList(prefixes ...netip.Prefix) Option {
+	allow := make([]netip.Prefix, 0, len(prefixes))
+	var err error
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			err = errors.New("grpclimit: WithAllowList was given an invalid prefix " + strconv.Quote(p.String()))
+			break
+		}
+		allow = append(allow, unmapPrefix(p))
+	}
+	return optionFunc(func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.allow = allow
+	})
+}
+
+// unmapPrefix returns p masked, an IPv4-mapped IPv6 prefix as the IPv4 one,
+// so that it matches the unmapped addresses calls are counted by.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(a.Unmap(), p.Bits()-96).Masked()
+	}
+	return p.Masked()
+}
+
+// WithShadowHandler sets a function called when shadow mode lets through
+// a call that would have been denied (default none), as
+// httplimit.WithShadowHandler does: once for each Shadow limit
+// (Limit.Shadow) that would have denied it on its own, with that limit's
+// Result, and, under ratelimit.WithShadow, once for a decision that would
+// have failed the call, with FromContext's Result. It is called on the
+// call's goroutine, with FromContext and FromContextAll already set, before
+// the handler, so it should be quick: a log line, a metric. A nil fn calls
+// nothing.
+func WithShadowHandler(fn func(ctx context.Context, fullMethod string, res ratelimit.Result)) Option {
+	return optionFunc(func(c *config) { c.onShadow = fn })
+}
+
+// WithDeniedHandler sets the function that chooses the status a denied
+// call fails with, httplimit.WithDeniedHandler as a function of the gRPC
+// call: the default is codes.ResourceExhausted with a google.rpc.RetryInfo
+// (see UnaryServerInterceptor). When it runs the rate-limit metadata is
+// set and FromContext gives it the Result. It should return a status error
+// (status.Error); a nil return keeps the default for that call, since a
+// denied call never goes on to its handler, so that fn may be a log line
+// alone. A nil fn keeps the default.
+func WithDeniedHandler(fn func(ctx context.Context, fullMethod string) error) Option {
+	return optionFunc(func(c *config) { c.denied = fn })
+}
+
+// WithErrorHandler sets the function that chooses the status of a call the
+// limiter returned an error for, httplimit.WithErrorHandler as a function of
+// the gRPC call. The default fails the call with the context's status when
+// it ended, codes.Unavailable when Redis could not decide under
+// ratelimit.FailClosed (err wraps ratelimit.ErrUnavailable), and
+// codes.Internal, logging err through log/slog, for any other error:
+// invalid input, a bug in the configuration (a cost below 1 from WithCost,
+// a plan from WithPlanFunc the default one could not be). FromContext gives
+// it the Result; under FailClosed it is Degraded. It should return a status
+// error; a nil return keeps the default for that call (a call is never let
+// through on an error here: that is ratelimit.FailOpen's to decide). A nil
+// fn keeps the default.
+func WithErrorHandler(fn func(ctx context.Context, fullMethod string, err error) error) Option {
+	return optionFunc(func(c *config) { c.onError = fn })
 }
 
 // WithTrustedMetadata makes the client address come from the request
@@ -86,7 +235,7 @@ func WithKeyFunc(fn func(ctx context.Context, fullMethod string) string) Option 
 // client put left of what a trusted proxy wrote are never read; if every
 // entry is in from, the left-most is. A trusted peer that sent no value is
 // counted by its own address. An entry that is reached and is not an
-// address makes the call httplimit.UnknownClient. The rule is
+// address makes the call UnknownClient. The rule is
 // httplimit.ForwardedClient's, and so httplimit.WithTrustedProxies'.
 //
 // A key that is not a valid metadata key, a binary ("-bin") or reserved
@@ -137,7 +286,7 @@ func validMDKey(k string) bool {
 
 // WithIPv6Prefix sets how many leading bits of an IPv6 client address make
 // its key (default 64): every address in one such prefix shares a count, as
-// httplimit.WithIPv6Prefix does (see httplimit.ClientKey). bits outside
+// httplimit.WithIPv6Prefix does (see ClientKey). bits outside
 // 1..128 is a configuration error.
 func WithIPv6Prefix(bits int) Option {
 	return optionFunc(func(c *config) {
@@ -156,15 +305,16 @@ func WithIPv6Prefix(bits int) Option {
 // it (say, 10 a second and 1000 an hour). A method in m is counted apart
 // from every other: its calls are counted under "<method>|<identity>", so
 // that they neither use up nor draw on the budget of other methods. Every
-// method not in m is decided against the limit given to the interceptor,
-// all of them sharing one count per identity. A method mapped to no limits
-// (nil or empty) is not limited at all: no decision and no rate-limit
-// metadata, as for health checks.
+// method not in m is decided against WithPlanFunc's plan or the default
+// plan, all of them sharing one count per identity.
 //
-// m is copied. A name that is not "/service/method", or limits that
-// ratelimit.ValidateLimits rejects (more than 16, an invalid or zero Limit,
-// two of the same Window and Strict, which would share one count), is a
-// configuration error naming WithMethodLimits and the method.
+// m is copied. A name that is not "/service/method", a method mapped to no
+// limits (nil or empty), or limits that ratelimit.ValidateLimits rejects
+// (more than 16, an invalid or zero Limit, two of the same Window and
+// Strict, which would share one count), is a configuration error naming
+// WithMethodLimits and the method. An empty plan is never "not limited",
+// here as in WithPlanFunc and httplimit: a method to let through uncounted
+// belongs in WithSkip.
 // WithMethodLimits given twice keeps the last m.
 func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
 	methods := make(map[string][]ratelimit.Limit, len(m))
@@ -199,7 +349,8 @@ func checkMethodLimits(name string, limits []ratelimit.Limit) error {
 		return fmt.Errorf("grpclimit: WithMethodLimits: %q is not a full method name (/pkg.Service/Method)", name)
 	}
 	if len(limits) == 0 {
-		return nil // not limited
+		return fmt.Errorf("grpclimit: WithMethodLimits: %s is mapped to no limits; "+
+			"an empty plan is never \"not limited\": to let its calls through uncounted, use WithSkip", name)
 	}
 	if err := ratelimit.ValidateLimits(limits); err != nil {
 		return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
@@ -210,9 +361,8 @@ func checkMethodLimits(name string, limits []ratelimit.Limit) error {
 // WithCost sets what each call costs (default 1), for methods heavier than
 // others; fn gets the call's context and full method name. A cost below 1
 // answers the call with codes.Internal and logs it (ratelimit.ErrInvalidCost:
-// a bug in fn); to let calls through uncounted, map their method to no
-// limits in WithMethodLimits. A cost above a limit's rate can never pass: it
-// is denied without a RetryInfo. For a stream, the cost is that of opening
+// a bug in fn); to let calls through uncounted, use WithSkip. A cost above
+// a limit's rate can never pass: it is denied without a RetryInfo. For a stream, the cost is that of opening
 // it.
 func WithCost(fn func(ctx context.Context, fullMethod string) int64) Option {
 	return optionFunc(func(c *config) { c.cost = fn })

@@ -3,9 +3,13 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +120,46 @@ func TestCountIfPanic(t *testing.T) {
 	r, err = e.limiter.Peek(context.Background(), httplimit.ClientKey(netip.MustParseAddr("192.0.2.10"), 64), ratelimit.PerMinute(2))
 	require.NoError(t, err)
 	require.Equal(t, int64(1), r.Count)
+}
+
+// readerFromRecorder is a ResponseWriter with net/http's io.ReaderFrom,
+// which sends a file with sendfile; it records what reached ReadFrom.
+type readerFromRecorder struct {
+	*httptest.ResponseRecorder
+	readFrom int64
+}
+
+func (w *readerFromRecorder) ReadFrom(src io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseRecorder, src)
+	w.readFrom += n
+	return n, err
+}
+
+// WithCountIf's status writer keeps the wrapped writer's io.ReaderFrom: a
+// handler's io.Copy from an *os.File reaches it (net/http's sendfile), and
+// the status it records is 200.
+func TestCountIfKeepsReaderFrom(t *testing.T) {
+	e := newEnv(t)
+	body := strings.Repeat("a file's bytes\n", 1000)
+	path := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	var seen int
+	h := httplimit.Middleware(e.limiter, ratelimit.PerMinute(5),
+		httplimit.WithCountIf(func(_ *http.Request, s int) bool { seen = s; return true }))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		defer f.Close()
+		_, err = io.Copy(w, f)
+		require.NoError(t, err)
+	}))
+	w := &readerFromRecorder{ResponseRecorder: httptest.NewRecorder()}
+	h.ServeHTTP(w, request("192.0.2.11:1"))
+	require.Equal(t, int64(len(body)), w.readFrom, "the copy went through the wrapped ReadFrom")
+	require.Equal(t, body, w.Body.String())
+	require.Equal(t, http.StatusOK, seen)
+
+	// A writer without ReadFrom gets the bytes through Write.
+	plain := httptest.NewRecorder()
+	h.ServeHTTP(plain, request("192.0.2.11:1"))
+	require.Equal(t, body, plain.Body.String())
 }

@@ -28,6 +28,17 @@
 // (Result.Degraded) gets X-RateLimit-Limit and RateLimit-Policy only, and a
 // request that can never pass gets no time to retry at.
 //
+// grpclimit is this package's twin for gRPC servers: the same concept has
+// the same name and the same rule in both (see its package documentation
+// for what only one of them has, and why). An empty plan from WithPlanFunc
+// (nil or no limit) is the default plan, never "not limited", in both: a
+// tier missing from a map must not make an unlimited API, and what is to go
+// uncounted says so with WithSkip. WithCountIf settles a handler that
+// panics as one that answered 500 (codes.Internal in grpclimit).
+// grpclimit's WithMethodLimits has no twin here: net/http's routes are the
+// router's, so a route's plan is WithPlanFunc's, counted apart with
+// WithRoute.
+//
 // New reports a configuration error; Middleware, which cannot fail, logs it
 // once and answers every request with 500. Nothing in the package panics on
 // configuration.
@@ -37,6 +48,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -344,6 +356,23 @@ func (w *statusWriter) Flush() {
 		f.Flush()
 	}
 }
+
+// ReadFrom copies src to the response through the wrapped ResponseWriter's
+// own ReadFrom when it has one, so that a handler's io.Copy from a file
+// keeps net/http's sendfile; otherwise through Write.
+func (w *statusWriter) ReadFrom(src io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(writerOnly{w.ResponseWriter}, src)
+}
+
+// writerOnly hides every method of a Writer but Write, so that io.Copy
+// does not come back to ReadFrom.
+type writerOnly struct{ io.Writer }
 
 // Unwrap returns the ResponseWriter it wraps, for http.ResponseController.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -526,3 +526,36 @@ func TestPlanRedisDown(t *testing.T) {
 		})
 	}
 }
+
+// An empty plan from WithPlanFunc (nil or no limit) is the default plan,
+// the limit given to New and WithLimits', never "not limited": a tier
+// missing from a map must not make an unlimited API. grpclimit's
+// TestEmptyPlanIsTheDefaultPlan is the same rule.
+func TestEmptyPlanIsTheDefaultPlan(t *testing.T) {
+	e := newEnv(t)
+	burst := ratelimit.Limit{Name: "burst", Rate: 2, Window: time.Second}
+	daily := ratelimit.Limit{Name: "daily", Rate: 100, Window: 24 * time.Hour}
+	var seen []ratelimit.Limit
+	h := httplimit.Middleware(e.limiter, burst, httplimit.WithLimits(daily),
+		httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
+			if r.URL.Path == "/a" {
+				return nil
+			}
+			return []ratelimit.Limit{}
+		}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rs, ok := httplimit.FromContextAll(r.Context())
+		require.True(t, ok)
+		seen = seen[:0]
+		for _, res := range rs {
+			seen = append(seen, res.Limit)
+		}
+	}))
+	for _, path := range []string{"/a", "/b"} {
+		r := request("192.0.2.1:1")
+		r.URL.Path = path
+		require.Equal(t, http.StatusOK, serve(h, r).Code, path)
+		require.Equal(t, []ratelimit.Limit{burst, daily}, seen, path)
+	}
+	require.Equal(t, http.StatusTooManyRequests, serve(h, request("192.0.2.1:1")).Code,
+		"both paths drew on the default plan's one count")
+}
