@@ -50,6 +50,24 @@ func (o *leftEvents) get() ([]error, error) {
 	return append([]error(nil), o.errs...), o.bad
 }
 
+// proxiedLimiter returns a Limiter of the default timeout on a client of
+// srv through a proxy, whose breaker opens after DefaultBreakerFailures and
+// stays open for a minute (no probe within a run, however slow the
+// machine), with the error handler and Observer that record what they get,
+// once a decision of limit has loaded the script.
+func proxiedLimiter(t *testing.T, srv *redistest.Server, ctxAware bool, limit ratelimit.Limit) (*ratelimit.Limiter, *redistest.Proxy, *errorLog, *leftEvents) {
+	proxy := redistest.StartProxy(t, srv.Addr)
+	opts := slowClient(proxy.Addr, ctxAware)
+	opts.MaxRetries = -1
+	h, events := &errorLog{}, &leftEvents{}
+	l := ratelimit.New(newClient(t, opts), ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events),
+		ratelimit.WithCircuitBreaker(ratelimit.DefaultBreakerFailures, time.Minute))
+	res, err := l.Allow(context.Background(), "warm-up", limit)
+	require.NoError(t, err)
+	require.False(t, res.Degraded)
+	return l, proxy, h, events
+}
+
 // With Redis blackholed and callers whose deadlines (50 ms) are shorter than
 // the Limiter's timeout (the default, 100 ms), each call on the wire is
 // judged by that timeout: its failure is counted by the breaker, which
@@ -67,17 +85,7 @@ func TestShortDeadlinesOpenTheBreaker(t *testing.T) {
 	limit := ratelimit.PerMinute(1000)
 	for _, ctxAware := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
-			proxy := redistest.StartProxy(t, srv.Addr)
-			opts := slowClient(proxy.Addr, ctxAware)
-			opts.MaxRetries = -1
-			client := newClient(t, opts)
-			h := &errorLog{}
-			events := &leftEvents{}
-			l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events),
-				ratelimit.WithCircuitBreaker(ratelimit.DefaultBreakerFailures, time.Minute)) // no probe within the run, however slow the machine
-			res, err := l.Allow(context.Background(), "warm-up", limit) // the server has the script
-			require.NoError(t, err)
-			require.False(t, res.Degraded)
+			l, proxy, h, events := proxiedLimiter(t, srv, ctxAware, limit)
 
 			proxy.Hang()
 			defer proxy.Resume()
@@ -231,16 +239,7 @@ func TestShortDeadlinesOpenTheBreakerBatched(t *testing.T) {
 	limit := ratelimit.PerMinute(1000)
 	for _, ctxAware := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
-			proxy := redistest.StartProxy(t, srv.Addr)
-			opts := slowClient(proxy.Addr, ctxAware)
-			opts.MaxRetries = -1
-			client := newClient(t, opts)
-			h := &errorLog{}
-			events := &leftEvents{}
-			l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events),
-				ratelimit.WithCircuitBreaker(ratelimit.DefaultBreakerFailures, time.Minute))
-			_, err := l.Allow(context.Background(), "warm-up", limit)
-			require.NoError(t, err)
+			l, proxy, h, events := proxiedLimiter(t, srv, ctxAware, limit)
 
 			proxy.Hang()
 			defer proxy.Resume()
