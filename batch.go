@@ -1,3 +1,6 @@
+// The batcher: concurrent decisions for one server waiting for, and sent
+// in, one script call.
+
 package ratelimit
 
 import (

@@ -1,3 +1,6 @@
+// The circuit breaker of one server, and which Redis errors it counts
+// (IsOutage).
+
 package ratelimit
 
 import (
@@ -11,11 +14,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
-
-// ErrCircuitOpen is wrapped by the error a decision meets while the circuit
-// breaker is open: Redis failed repeatedly, and the decision went to the
-// failure policy at once, without trying Redis.
-var ErrCircuitOpen = errors.New("ratelimit: circuit open after repeated Redis failures")
 
 // Breaker defaults: see WithCircuitBreaker.
 const (

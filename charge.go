@@ -1,3 +1,5 @@
+// Charge and Refund: costs counted whatever the counts, and given back.
+
 package ratelimit
 
 import (

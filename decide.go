@@ -1,9 +1,11 @@
+// The path of a decision (AllowN, AllowAll, Peek, PeekAll): validate,
+// build its requests, send, absorb the replies, derive its Results, finish.
+
 package ratelimit
 
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 )
 
@@ -426,36 +428,4 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 		l.observe(ctx, d, id, src, took, redisErr, shadowed || d.allowed)
 	}
 	return err
-}
-
-// events are the Events observers see, reused: an Event is valid only
-// during the Observe call.
-var events = sync.Pool{New: func() any { return new(Event) }}
-
-// observe shows the Observer decision d as its caller gets it.
-func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr error, allowed bool) {
-	e := events.Get().(*Event)
-	e.results = append(e.results[:0], d.results...) // d may be on its caller's stack
-	*e = Event{Cost: d.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, results: e.results}
-	switch {
-	case d.charge:
-		e.Kind = EventCharge
-	case d.refund:
-		e.Kind, e.Cost = EventRefund, -d.cost
-	}
-	e.Shadow, e.Left = l.shadow, d.left
-	for _, limit := range d.limits {
-		e.Shadow = e.Shadow || limit.Shadow
-	}
-	if l.observeIDs {
-		e.ID = id
-	}
-	if e.Kind == EventDecision && !e.Left {
-		l.observer.Observe(ctx, e)
-	} else if c, ok := l.observer.(CallObserver); ok {
-		c.ObserveCall(ctx, e)
-	}
-	clear(e.results)
-	*e = Event{results: e.results[:0]}
-	events.Put(e)
 }

@@ -1,3 +1,6 @@
+// The deny cache (WithDenyCache): denials made from counts Redis reported
+// earlier, without a round trip.
+
 package ratelimit
 
 // denyCache remembers, per id and limit window, the counts Redis last

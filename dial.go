@@ -1,3 +1,5 @@
+// The dial errors of a client's servers, to name in a timeout's error.
+
 package ratelimit
 
 import (

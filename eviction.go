@@ -1,23 +1,12 @@
+// The one look at each server's eviction policy (ErrEvictionPolicy).
+
 package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
-
-// ErrEvictionPolicy is wrapped by a warning the error handler gets, with an
-// empty id, when the Limiter reads that a Redis server it uses has a memory
-// limit and a maxmemory-policy other than noeviction: under memory pressure
-// such a server deletes live counts, silently, and the limits they held
-// then admit more than their rates. Decisions go on as usual. The Limiter
-// looks the policy up with CONFIG GET after its first successful call to
-// each server it knows by address: each master of a Redis Cluster, the one
-// server of a *redis.Client (of a failover client, the master at that
-// first call; of a Ring, one shard). Where CONFIG is disabled or not
-// granted it says nothing.
-var ErrEvictionPolicy = errors.New("ratelimit: Redis may evict live counts")
 
 // evictionCheckTimeout bounds the look-up, which no decision waits for.
 const evictionCheckTimeout = time.Second

@@ -1,3 +1,5 @@
+// The failure policies' decisions, and the default error handler.
+
 package ratelimit
 
 import (

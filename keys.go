@@ -1,9 +1,10 @@
+// The Redis keys of an id's windows, with their Cluster hash tag.
+
 package ratelimit
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -13,24 +14,6 @@ import (
 // digest instead, so that what an id costs in Redis is bounded whatever its
 // length.
 const maxIDLength = 1024
-
-// validate reports what is wrong with one decision's input, before Redis is
-// consulted. n is the cost; Peek passes 1.
-func validate(id string, limit Limit, n int64) error {
-	if id == "" {
-		return fmt.Errorf("%w: id is empty", ErrInvalidID)
-	}
-	if err := limit.Validate(); err != nil {
-		return err
-	}
-	if n < 1 {
-		return fmt.Errorf("%w: cost %d is below 1", ErrInvalidCost, n)
-	}
-	if n > maxCount {
-		return fmt.Errorf("%w: cost %d is above 2^53, the most a count holds", ErrInvalidCost, n)
-	}
-	return nil
-}
 
 // appendKeys appends the keys a limit reads at position p for id, current
 // window first. A sliding limit reads windows i and i-1:

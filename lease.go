@@ -1,3 +1,6 @@
+// Leased limits (Limit.Leased): the lease table, its sweeper and
+// give-backs.
+
 package ratelimit
 
 import (

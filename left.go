@@ -1,3 +1,6 @@
+// A decision whose caller left before Redis answered: its error, and the
+// late report of its call's failure.
+
 package ratelimit
 
 import (

@@ -1,3 +1,6 @@
+// Limit: its constructors, String and ParseLimit, and the validation of
+// limits, ids and costs.
+
 package ratelimit
 
 import (
@@ -239,6 +242,24 @@ func ValidateLimits(limits []Limit) error {
 				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
 			}
 		}
+	}
+	return nil
+}
+
+// validate reports what is wrong with one decision's input, before Redis is
+// consulted. n is the cost; Peek passes 1.
+func validate(id string, limit Limit, n int64) error {
+	if id == "" {
+		return fmt.Errorf("%w: id is empty", ErrInvalidID)
+	}
+	if err := limit.Validate(); err != nil {
+		return err
+	}
+	if n < 1 {
+		return fmt.Errorf("%w: cost %d is below 1", ErrInvalidCost, n)
+	}
+	if n > maxCount {
+		return fmt.Errorf("%w: cost %d is above 2^53, the most a count holds", ErrInvalidCost, n)
 	}
 	return nil
 }

@@ -1,38 +1,15 @@
+// The Limiter and its methods: the API a user reads first.
+
 package ratelimit
 
 import (
 	"context"
-	"errors"
 	"math"
 	"reflect"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Errors returned for input that cannot be decided. Each is wrapped with a
-// message that names the value at fault; check with errors.Is. Nothing is
-// sent to Redis for such input, whatever the failure policy, but for a
-// Charge that only Redis can tell would take a count past 2^53 (see
-// ErrInvalidCost), which Redis refuses without writing anything.
-var (
-	// ErrInvalidID is returned for an empty id.
-	ErrInvalidID = errors.New("ratelimit: invalid id")
-	// ErrInvalidLimit is returned for a Limit that Limit.Validate rejects,
-	// and by AllowAll and PeekAll for limits that ValidateLimits rejects.
-	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
-	// ErrInvalidCost is returned by AllowN, AllowAll and Charge for a
-	// cost below 1 or above 2^53, and by Charge for a cost that would take
-	// a limit's count past 2^53 (the most a count holds exactly), naming
-	// the limit: nothing of that Charge is counted.
-	ErrInvalidCost = errors.New("ratelimit: invalid cost")
-	// ErrNilClient is returned by every method of a Limiter made with a nil
-	// client.
-	ErrNilClient = errors.New("ratelimit: New was given a nil Redis client")
-	// ErrUnavailable is wrapped, together with the Redis error, by the error
-	// a FailClosed decision returns when Redis could not decide.
-	ErrUnavailable = errors.New("ratelimit: Redis could not decide")
 )
 
 // InfDuration is the RetryAfter of a request that would never be allowed:

@@ -1,3 +1,5 @@
+// FailLocal's windows, counted in this process.
+
 package ratelimit
 
 import (

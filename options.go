@@ -1,3 +1,5 @@
+// The options of New, and the failure policies' names.
+
 package ratelimit
 
 import (

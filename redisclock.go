@@ -1,3 +1,5 @@
+// RedisClock: the Limiter's clock read from Redis's TIME.
+
 package ratelimit
 
 import (

@@ -1,3 +1,6 @@
+// The script's wire format (requests, arguments, replies) and its call
+// through go-redis (EVALSHA, NOSCRIPT, TRYAGAIN).
+
 package ratelimit
 
 import (
@@ -45,13 +48,6 @@ var (
 	// are in several slots of one Redis Cluster master.
 	crossSlotDecider = newScript("#!lua flags=allow-cross-slot-keys\n" + slidingWindowSource)
 )
-
-// ErrBadReply is wrapped by the error returned when the script's reply does
-// not have the shape the Limiter expects, or when a key the request reads
-// holds something that is not a count: a value another program wrote, or a
-// key of another type. Such a request fails alone; the others of the same
-// call are decided as usual.
-var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
 
 // request is what one request asks of the script: a cost against one or
 // more limits, all of which must admit it. It is only read once it is

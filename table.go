@@ -1,3 +1,6 @@
+// The window table: per id, the counts of its windows this process holds,
+// for the deny cache and FailLocal; bounded, a full shard dropping one.
+
 package ratelimit
 
 import (

@@ -1,3 +1,6 @@
+// The transport: a decision's requests to their server and back, within
+// the Limiter's timeout, through each server's breaker and batcher.
+
 package ratelimit
 
 import (

@@ -1,22 +1,12 @@
+// Wait and WaitN: a decision that sleeps until it is allowed.
+
 package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
-)
-
-// Errors returned by Wait and WaitN, besides those of AllowN.
-var (
-	// ErrNeverAllowed is returned by WaitN, at once, for a cost above the
-	// limit's Rate: no window can ever hold it.
-	ErrNeverAllowed = errors.New("ratelimit: cost is above the limit's rate; waiting would never help")
-	// ErrWaitExceedsDeadline is wrapped by the error WaitN returns, at once
-	// and without sleeping, when the wait a denial names would end at or
-	// after ctx's deadline.
-	ErrWaitExceedsDeadline = errors.New("ratelimit: the wait would outlast the context's deadline")
 )
 
 // The jitter added to each wait is uniform in [0, min(RetryAfter/jitterDiv,

@@ -1,3 +1,6 @@
+// Where the clock stands in a limit's windows, and the Results derived
+// from the counts the script saw.
+
 package ratelimit
 
 import (
