@@ -80,6 +80,9 @@ func (l *late) then(f func()) {
 // lateOf returns the late of err, a *callerLeft whose call goes on; nil if
 // err is no such error.
 func lateOf(err error) *late {
+	if err == nil {
+		return nil // before gone, which goes to the heap
+	}
 	var gone *callerLeft
 	if errors.As(err, &gone) {
 		return gone.late
