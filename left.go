@@ -91,7 +91,7 @@ func lateOf(err error) *late {
 }
 
 // reportLate has the failure of d's call, whose caller left (gone), reach
-// the error handler and the Observer when it comes, as an Event with Left
+// the error handler and a CallObserver when it comes, as an Event with Left
 // set: d is its caller's, and gone only by then, so that what the report
 // needs is copied now. start is when the call was sent, if an Observer
 // wants its Duration.

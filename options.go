@@ -22,8 +22,8 @@ const defaultPrefix = "ratelimit"
 // slow past the timeout, or answers with an error. It decides only for a
 // caller who still waits: one whose own ctx is done first (its deadline
 // shorter than WithTimeout's, or canceled) gets its ctx's error and no
-// Result; its call's failure still goes to the error handler and the
-// Observer (Event.Left), and counts toward the circuit breaker.
+// Result; its call's failure still goes to the error handler and a
+// CallObserver (Event.Left), and counts toward the circuit breaker.
 type FailurePolicy int
 
 const (
@@ -145,8 +145,8 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // caller whose ctx is done first gets its ctx's error (no Result, no
 // failure policy), while its call, if already sent, goes on to this bound.
 // Redis answering within it is health; no answer within it is a failure
-// that the breaker counts and that reaches the error handler and the
-// Observer (as an Event with Left set), later, from another goroutine.
+// that the breaker counts and that reaches the error handler and a
+// CallObserver (an Event with Left set), later, from another goroutine.
 // So callers with deadlines of a few ms neither hide an outage nor make a
 // slow but healthy Redis look like one. Nothing is sent for a caller who
 // has left.
