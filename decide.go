@@ -111,13 +111,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	if look {
 		n, d.cost = 1, 0 // a look is checked as a request of cost 1
 	}
-	if d.results == nil {
-		d.results = make([]Result, len(d.limits))
-	}
-	for i, limit := range d.limits {
-		d.results[i].Limit = limit
-	}
-	if err := l.checkAll(id, d.limits, n); err != nil {
+	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
 	now := l.now().UnixMilli()
@@ -148,43 +142,13 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		d.derive()
 		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
 	}
-	replies := d.replies
-	merged := leased && !look || len(gives) > 0 // requests of d's and give-backs in one call
-	if merged {
-		reqs, replies = d.sending(reqs, gives)
-	}
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
-	err := l.t.do(ctx, reqs, replies)
-	if merged {
-		d.received(replies, len(gives))
-		l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
-	}
-	if err == nil {
-		for _, r := range d.replies {
-			if r.err != nil {
-				err = r.err
-				break
-			}
-		}
-	}
-	var took time.Duration
-	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
-		took = time.Since(start)
-	}
+	took, left, err := l.send(ctx, d, id, reqs, gives)
 	if err != nil {
 		if leased && !look {
 			l.leases.settle(id, d, false)
 		}
-		if gone := (*callerLeft)(nil); errors.As(err, &gone) {
-			// The caller left before Redis answered: no decision. A
-			// failure of its call, judged by the Limiter's timeout, is
-			// reported when it comes.
-			l.reportLate(ctx, d, id, start, gone)
-			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
-			return ctx.Err()
+		if left {
+			return err
 		}
 		if d.charge && errors.Is(err, ErrInvalidCost) {
 			// Redis refused the cost (see sliding_window.lua): the
@@ -215,6 +179,65 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		d.derive()
 	}
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// begin starts decision d of id: it gives each of d.results its Limit,
+// making them if the caller did not, and validates the client, id, limits
+// and n, the cost they are checked at, before anything is sent.
+func (l *Limiter) begin(d *decision, id string, n int64) error {
+	if d.results == nil {
+		d.results = make([]Result, len(d.limits))
+	}
+	for i, limit := range d.limits {
+		d.results[i].Limit = limit
+	}
+	return l.checkAll(id, d.limits, n)
+}
+
+// send sends reqs, d's requests as build made them, in one call after
+// gives, give-backs of leases that travel with them (see sending); puts
+// their replies in d.replies and counts the give-backs (see gaveBack). It
+// returns how long the call took, for the Observer (0 without one, or when
+// an open breaker made no call), and the error of the call or else of one
+// of d's replies. When the caller left before Redis answered, there is no
+// decision: the call's failure, if it fails, is reported when it comes
+// (see reportLate), and send returns left true and ctx's error once ctx is
+// done.
+func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives []*request) (took time.Duration, left bool, err error) {
+	reqs, replies := d.sending(reqs, gives)
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
+	err = l.t.do(ctx, reqs, replies)
+	d.received(replies, len(gives))
+	l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
+	if err == nil {
+		err = d.failed()
+	}
+	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
+		took = time.Since(start)
+	}
+	if err == nil {
+		return took, false, nil
+	}
+	if gone := (*callerLeft)(nil); errors.As(err, &gone) { // gone is on the heap: not for every call
+		l.reportLate(ctx, d, id, start, gone)
+		<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
+		return 0, true, ctx.Err()
+	}
+	return took, false, err
+}
+
+// failed returns the error of the first of d's replies that has one: a
+// request Redis could not decide, or whose reply made no sense.
+func (d *decision) failed() error {
+	for _, r := range d.replies {
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return nil
 }
 
 // checkAll validates a decision's input before Redis is consulted.
