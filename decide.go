@@ -1,5 +1,7 @@
-// The path of a decision (AllowN, AllowAll, Peek, PeekAll): validate,
-// build its requests, send, absorb the replies, derive its Results, finish.
+// The decision and its paths: decide (Allow, AllowN, AllowAll) and look
+// (Peek, PeekAll), each read top to bottom, and the steps they share with
+// charge (charge.go): begin (validate), build the requests, send them,
+// absorb the replies, derive the Results, finish.
 
 package ratelimit
 
@@ -9,12 +11,12 @@ import (
 	"time"
 )
 
-// decision is one call of AllowN, AllowAll, Peek or PeekAll on its way
-// through the Limiter: its limits placed on the clock (spans), the requests
-// it sends (one for the enforced limits, one for each Shadow limit), their
-// replies, and its results. It belongs to its caller's goroutine, on whose
-// stack a decision of one limit lives (see one): what goes to Redis is
-// only read by the transport, and replies come back by value.
+// decision is one call of AllowN, AllowAll, Peek, PeekAll, Charge or
+// Refund on its way through the Limiter: its limits placed on the clock
+// (spans), the requests it sends (see build), their replies, and its
+// results. It belongs to its caller's goroutine, on whose stack a decision
+// of one limit lives (see one): what goes to Redis is only read by the
+// transport, and replies come back by value.
 type decision struct {
 	limits  []Limit
 	results []Result
@@ -50,13 +52,28 @@ type one struct {
 	replies [1]reply
 }
 
-// decideOne makes the decision of one limit for id at cost n, or looks.
-func (l *Limiter) decideOne(ctx context.Context, id string, limit Limit, n int64, look bool) (Result, error) {
+// decideOne is decide for a decision of one limit, held on its caller's
+// stack (see one): Allow and AllowN.
+func (l *Limiter) decideOne(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
 	var o one
-	o.limits[0] = limit
-	d := decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
-	err := l.decide(ctx, &d, id, n, look)
+	d := o.decision(limit)
+	err := l.decide(ctx, &d, id, n)
 	return o.results[0], err
+}
+
+// lookOne is look for one limit, held on its caller's stack (see one):
+// Peek.
+func (l *Limiter) lookOne(ctx context.Context, id string, limit Limit) (Result, error) {
+	var o one
+	d := o.decision(limit)
+	err := l.look(ctx, &d, id)
+	return o.results[0], err
+}
+
+// decision returns a decision of limit alone, whose storage o holds.
+func (o *one) decision(limit Limit) decision {
+	o.limits[0] = limit
+	return decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
 }
 
 // wire is what a decision of one limit sends to Redis, in one allocation:
@@ -103,26 +120,24 @@ func (s *span) want(n int64) int64 {
 // decision.refused has a bit for each of up to maxLimits limits.
 const _ uint32 = 1<<maxLimits - 1
 
-// decide makes decision d for id at cost n, or looks without counting, and
-// fills d.results: the one path every decision takes, whoever makes it
-// (Redis, the deny cache or the failure policy), out through l.finish.
-func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, look bool) error {
+// decide makes decision d, a request of cost n by id (Allow, AllowN,
+// AllowAll), and fills d.results: from the leases of its Leased limits when
+// they hold the cost, from the deny cache when it holds a denial, else by
+// Redis or, when Redis fails, by the failure policy; out through l.finish.
+func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) error {
 	d.cost = n
-	if look {
-		n, d.cost = 1, 0 // a look is checked as a request of cost 1
-	}
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
 	now := l.now().UnixMilli()
-	leased := !d.charge && d.leased()
-	if leased && l.leases.serve(id, d, now, look) {
+	leased := d.leased()
+	if leased && l.leases.serve(id, d, now, false) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
 	reqs := l.build(d, id, now)
 	var gives []*request
-	if leased && !look {
+	if leased {
 		gives = l.leases.take(id, d)
 		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
 			l.leases.later(id, gives)
@@ -131,10 +146,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 		}
 	}
-	if d.charge && d.leased() {
-		gives = l.leases.drain(id, d)
-	}
-	if l.denied != nil && !look && !d.charge && l.denied.deny(id, d) {
+	if l.denied != nil && l.denied.deny(id, d) {
 		if leased {
 			l.leases.settle(id, d, false)
 			l.leases.later(id, gives)
@@ -144,40 +156,51 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 	}
 	took, left, err := l.send(ctx, d, id, reqs, gives)
 	if err != nil {
-		if leased && !look {
+		if leased {
 			l.leases.settle(id, d, false)
 		}
 		if left {
 			return err
 		}
-		if d.charge && errors.Is(err, ErrInvalidCost) {
-			// Redis refused the cost (see sliding_window.lua): the
-			// caller's input, not a failure of Redis, and nothing counted.
-			return err
-		}
-		if d.charge {
-			l.onError(ctx, id, err)
-			if l.observer != nil {
-				l.observe(ctx, d, id, SourceRedis, took, err, false)
-			}
-			return wrap("ratelimit: charge", err)
-		}
 		return l.fail(ctx, d, id, took, err)
 	}
 	d.absorb()
-	if leased && !look {
+	if leased {
 		l.leases.settle(id, d, true)
 	}
-	if d.charge {
-		d.deriveCharge()
-	}
-	if l.denied != nil && !look {
+	if l.denied != nil {
 		l.denied.record(id, d)
 	}
-	if !d.charge {
-		d.deniedCounted = true
-		d.derive()
+	d.deniedCounted = true
+	d.derive()
+	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// look fills d.results with where id stands against d's limits, counting
+// nothing (Peek, PeekAll): each Result says what a request of cost 1 would
+// get now. The leases of d's limits answer when every limit is Leased and
+// each lease holds a unit; else Redis does or, when Redis fails, the failure
+// policy; out through l.finish.
+func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
+	d.cost = 0
+	if err := l.begin(d, id, 1); err != nil { // checked as a request of cost 1
+		return err
 	}
+	now := l.now().UnixMilli()
+	if d.leased() && l.leases.serve(id, d, now, true) {
+		d.derive()
+		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
+	}
+	reqs := l.build(d, id, now)
+	took, left, err := l.send(ctx, d, id, reqs, nil)
+	if left {
+		return err
+	}
+	if err != nil {
+		return l.fail(ctx, d, id, took, err)
+	}
+	d.absorb()
+	d.derive()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
 
@@ -256,8 +279,9 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 
 // build places d's limits on the clock at Unix ms now and makes its
 // requests, which it returns: for a look, one request of cost 0 for every
-// limit; otherwise one for the enforced limits (if any), and one for each
-// Shadow limit, which is counted when it alone admits the request. Nothing
+// limit; for a charge, one that charges every limit; otherwise one for the
+// enforced limits (if any), and one for each Shadow limit, which is counted
+// when it alone admits the request. Nothing
 // it stores in d is loaded from d: d may be on its caller's stack (see
 // one), and Go's escape analysis tells no field of d from another.
 func (l *Limiter) build(d *decision, id string, now int64) []*request {
