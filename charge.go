@@ -1,4 +1,5 @@
-// Charge and Refund: costs counted whatever the counts, and given back.
+// Charge and Refund: costs counted whatever the counts, and given back;
+// the path of each (charge; refund and sendRefund).
 
 package ratelimit
 
@@ -29,9 +30,48 @@ import (
 // never sent twice, so a charge that timed out may or may not have been
 // counted. The Results of a Charge can be refunded.
 func (l *Limiter) Charge(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
-	d := &decision{limits: limits, charge: true}
-	err := l.decide(ctx, d, id, n, false)
+	d := &decision{limits: limits}
+	err := l.charge(ctx, d, id, n)
 	return d.results, err
+}
+
+// charge counts d, a Charge of n by id, in Redis, whatever the counts; gives
+// back in the same call this process's leases of d's Leased limits, which
+// it drops; and fills d.results from the counts Redis saw (see
+// deriveCharge), out through l.finish. A charge Redis does not count is an
+// error, whatever the failure policy.
+func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) error {
+	d.cost, d.charge = n, true
+	if err := l.begin(d, id, n); err != nil {
+		return err
+	}
+	reqs := l.build(d, id, l.now().UnixMilli())
+	var gives []*request
+	if d.leased() {
+		gives = l.leases.drain(id, d)
+	}
+	took, left, err := l.send(ctx, d, id, reqs, gives)
+	if left {
+		return err
+	}
+	if errors.Is(err, ErrInvalidCost) {
+		// Redis refused the cost (see sliding_window.lua): the caller's
+		// input, not a failure of Redis, and nothing counted.
+		return err
+	}
+	if err != nil {
+		l.onError(ctx, id, err)
+		if l.observer != nil {
+			l.observe(ctx, d, id, SourceRedis, took, err, false)
+		}
+		return wrap("ratelimit: charge", err)
+	}
+	d.absorb()
+	d.deriveCharge()
+	if l.denied != nil {
+		l.denied.record(id, d)
+	}
+	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
 
 // deriveCharge fills the Results of d, a charge, from the counts the script

@@ -1,5 +1,7 @@
-// The path of a decision (AllowN, AllowAll, Peek, PeekAll): validate,
-// build its requests, send, absorb the replies, derive its Results, finish.
+// The decision and its paths: decide (Allow, AllowN, AllowAll) and look
+// (Peek, PeekAll), each read top to bottom, and the steps they share with
+// charge (charge.go): begin (validate), build the requests, send them,
+// absorb the replies, derive the Results, finish.
 
 package ratelimit
 
@@ -9,12 +11,12 @@ import (
 	"time"
 )
 
-// decision is one call of AllowN, AllowAll, Peek or PeekAll on its way
-// through the Limiter: its limits placed on the clock (spans), the requests
-// it sends (one for the enforced limits, one for each Shadow limit), their
-// replies, and its results. It belongs to its caller's goroutine, on whose
-// stack a decision of one limit lives (see one): what goes to Redis is
-// only read by the transport, and replies come back by value.
+// decision is one call of AllowN, AllowAll, Peek, PeekAll, Charge or
+// Refund on its way through the Limiter: its limits placed on the clock
+// (spans), the requests it sends (see build), their replies, and its
+// results. It belongs to its caller's goroutine, on whose stack a decision
+// of one limit lives (see one): what goes to Redis is only read by the
+// transport, and replies come back by value.
 type decision struct {
 	limits  []Limit
 	results []Result
@@ -50,13 +52,28 @@ type one struct {
 	replies [1]reply
 }
 
-// decideOne makes the decision of one limit for id at cost n, or looks.
-func (l *Limiter) decideOne(ctx context.Context, id string, limit Limit, n int64, look bool) (Result, error) {
+// decideOne is decide for a decision of one limit, held on its caller's
+// stack (see one): Allow and AllowN.
+func (l *Limiter) decideOne(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
 	var o one
-	o.limits[0] = limit
-	d := decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
-	err := l.decide(ctx, &d, id, n, look)
+	d := o.decision(limit)
+	err := l.decide(ctx, &d, id, n)
 	return o.results[0], err
+}
+
+// lookOne is look for one limit, held on its caller's stack (see one):
+// Peek.
+func (l *Limiter) lookOne(ctx context.Context, id string, limit Limit) (Result, error) {
+	var o one
+	d := o.decision(limit)
+	err := l.look(ctx, &d, id)
+	return o.results[0], err
+}
+
+// decision returns a decision of limit alone, whose storage o holds.
+func (o *one) decision(limit Limit) decision {
+	o.limits[0] = limit
+	return decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
 }
 
 // wire is what a decision of one limit sends to Redis, in one allocation:
@@ -103,32 +120,24 @@ func (s *span) want(n int64) int64 {
 // decision.refused has a bit for each of up to maxLimits limits.
 const _ uint32 = 1<<maxLimits - 1
 
-// decide makes decision d for id at cost n, or looks without counting, and
-// fills d.results: the one path every decision takes, whoever makes it
-// (Redis, the deny cache or the failure policy), out through l.finish.
-func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, look bool) error {
+// decide makes decision d, a request of cost n by id (Allow, AllowN,
+// AllowAll), and fills d.results: from the leases of its Leased limits when
+// they hold the cost, from the deny cache when it holds a denial, else by
+// Redis or, when Redis fails, by the failure policy; out through l.finish.
+func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) error {
 	d.cost = n
-	if look {
-		n, d.cost = 1, 0 // a look is checked as a request of cost 1
-	}
-	if d.results == nil {
-		d.results = make([]Result, len(d.limits))
-	}
-	for i, limit := range d.limits {
-		d.results[i].Limit = limit
-	}
-	if err := l.checkAll(id, d.limits, n); err != nil {
+	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
 	now := l.now().UnixMilli()
-	leased := !d.charge && d.leased()
-	if leased && l.leases.serve(id, d, now, look) {
+	leased := d.leased()
+	if leased && l.leases.serve(id, d, now, false) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
 	reqs := l.build(d, id, now)
 	var gives []*request
-	if leased && !look {
+	if leased {
 		gives = l.leases.take(id, d)
 		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
 			l.leases.later(id, gives)
@@ -137,10 +146,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 			return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 		}
 	}
-	if d.charge && d.leased() {
-		gives = l.leases.drain(id, d)
-	}
-	if l.denied != nil && !look && !d.charge && l.denied.deny(id, d) {
+	if l.denied != nil && l.denied.deny(id, d) {
 		if leased {
 			l.leases.settle(id, d, false)
 			l.leases.later(id, gives)
@@ -148,73 +154,113 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64, l
 		d.derive()
 		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
 	}
-	replies := d.replies
-	merged := leased && !look || len(gives) > 0 // requests of d's and give-backs in one call
-	if merged {
-		reqs, replies = d.sending(reqs, gives)
-	}
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
-	err := l.t.do(ctx, reqs, replies)
-	if merged {
-		d.received(replies, len(gives))
-		l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
-	}
-	if err == nil {
-		for _, r := range d.replies {
-			if r.err != nil {
-				err = r.err
-				break
-			}
-		}
-	}
-	var took time.Duration
-	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
-		took = time.Since(start)
-	}
+	took, left, err := l.send(ctx, d, id, reqs, gives)
 	if err != nil {
-		if leased && !look {
+		if leased {
 			l.leases.settle(id, d, false)
 		}
-		if gone := (*callerLeft)(nil); errors.As(err, &gone) {
-			// The caller left before Redis answered: no decision. A
-			// failure of its call, judged by the Limiter's timeout, is
-			// reported when it comes.
-			l.reportLate(ctx, d, id, start, gone)
-			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
-			return ctx.Err()
-		}
-		if d.charge && errors.Is(err, ErrInvalidCost) {
-			// Redis refused the cost (see sliding_window.lua): the
-			// caller's input, not a failure of Redis, and nothing counted.
+		if left {
 			return err
-		}
-		if d.charge {
-			l.onError(ctx, id, err)
-			if l.observer != nil {
-				l.observe(ctx, d, id, SourceRedis, took, err, false)
-			}
-			return wrap("ratelimit: charge", err)
 		}
 		return l.fail(ctx, d, id, took, err)
 	}
 	d.absorb()
-	if leased && !look {
+	if leased {
 		l.leases.settle(id, d, true)
 	}
-	if d.charge {
-		d.deriveCharge()
-	}
-	if l.denied != nil && !look {
+	if l.denied != nil {
 		l.denied.record(id, d)
 	}
-	if !d.charge {
-		d.deniedCounted = true
-		d.derive()
-	}
+	d.deniedCounted = true
+	d.derive()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// look fills d.results with where id stands against d's limits, counting
+// nothing (Peek, PeekAll): each Result says what a request of cost 1 would
+// get now. The leases of d's limits answer when every limit is Leased and
+// each lease holds a unit; else Redis does or, when Redis fails, the failure
+// policy; out through l.finish.
+func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
+	d.cost = 0
+	if err := l.begin(d, id, 1); err != nil { // checked as a request of cost 1
+		return err
+	}
+	now := l.now().UnixMilli()
+	if d.leased() && l.leases.serve(id, d, now, true) {
+		d.derive()
+		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
+	}
+	reqs := l.build(d, id, now)
+	took, left, err := l.send(ctx, d, id, reqs, nil)
+	if left {
+		return err
+	}
+	if err != nil {
+		return l.fail(ctx, d, id, took, err)
+	}
+	d.absorb()
+	d.derive()
+	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// begin starts decision d of id: it gives each of d.results its Limit,
+// making them if the caller did not, and validates the client, id, limits
+// and n, the cost they are checked at, before anything is sent.
+func (l *Limiter) begin(d *decision, id string, n int64) error {
+	if d.results == nil {
+		d.results = make([]Result, len(d.limits))
+	}
+	for i, limit := range d.limits {
+		d.results[i].Limit = limit
+	}
+	return l.checkAll(id, d.limits, n)
+}
+
+// send sends reqs, d's requests as build made them, in one call after
+// gives, give-backs of leases that travel with them (see sending); puts
+// their replies in d.replies and counts the give-backs (see gaveBack). It
+// returns how long the call took, for the Observer (0 without one, or when
+// an open breaker made no call), and the error of the call or else of one
+// of d's replies. When the caller left before Redis answered, there is no
+// decision: the call's failure, if it fails, is reported when it comes
+// (see reportLate), and send returns left true and ctx's error once ctx is
+// done.
+func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives []*request) (took time.Duration, left bool, err error) {
+	reqs, replies := d.sending(reqs, gives)
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
+	}
+	err = l.t.do(ctx, reqs, replies)
+	d.received(replies, len(gives))
+	l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
+	if err == nil {
+		err = d.failed()
+	}
+	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
+		took = time.Since(start)
+	}
+	if err == nil {
+		return took, false, nil
+	}
+	if gone := (*callerLeft)(nil); errors.As(err, &gone) { // gone is on the heap: not for every call
+		l.reportLate(ctx, d, id, start, gone)
+		<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
+		return 0, true, ctx.Err()
+	}
+	return took, false, err
+}
+
+// failed returns the error of the first of d's replies that has one: a
+// request Redis could not decide, or whose reply made no sense.
+func (d *decision) failed() error {
+	for _, r := range d.replies {
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return nil
 }
 
 // checkAll validates a decision's input before Redis is consulted.
@@ -233,8 +279,9 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 
 // build places d's limits on the clock at Unix ms now and makes its
 // requests, which it returns: for a look, one request of cost 0 for every
-// limit; otherwise one for the enforced limits (if any), and one for each
-// Shadow limit, which is counted when it alone admits the request. Nothing
+// limit; for a charge, one that charges every limit; otherwise one for the
+// enforced limits (if any), and one for each Shadow limit, which is counted
+// when it alone admits the request. Nothing
 // it stores in d is loaded from d: d may be on its caller's stack (see
 // one), and Go's escape analysis tells no field of d from another.
 func (l *Limiter) build(d *decision, id string, now int64) []*request {

@@ -230,7 +230,7 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // limit.Rate is denied with RetryAfter InfDuration; one above 2^53, more
 // than any Rate, is ErrInvalidCost.
 func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
-	return l.decideOne(ctx, id, limit, n, false)
+	return l.decideOne(ctx, id, limit, n)
 }
 
 // AllowAll decides a request of cost n by id against every limit at once. It
@@ -249,7 +249,7 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 // zero-valued Result per limit but for its Limit.
 func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
 	d := &decision{limits: limits}
-	err := l.decide(ctx, d, id, n, false)
+	err := l.decide(ctx, d, id, n)
 	return d.results, err
 }
 
@@ -259,7 +259,7 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int
 // are as for AllowN. For a Leased limit, a lease held with a unit left
 // answers without Redis, as a decision from it would count.
 func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
-	return l.decideOne(ctx, id, limit, 0, true)
+	return l.lookOne(ctx, id, limit)
 }
 
 // PeekAll reports where id stands against each limit, writing nothing:
@@ -268,7 +268,7 @@ func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, err
 // are as for AllowAll.
 func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Result, error) {
 	d := &decision{limits: limits}
-	err := l.decide(ctx, d, id, 0, true)
+	err := l.look(ctx, d, id)
 	return d.results, err
 }
 
