@@ -48,7 +48,15 @@ func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) e
 	reqs := l.build(d, id, l.now().UnixMilli())
 	var gives []*request
 	if d.leased() {
-		gives = l.leases.drain(id, d)
+		var at [maxLimits]position
+		n := 0
+		for i := range d.spans {
+			if s := &d.spans[i]; d.limits[s.at].Leased {
+				at[n] = s.pos
+				n++
+			}
+		}
+		gives = l.leases.drain(id, at[:n])
 	}
 	took, left, err := l.send(ctx, d, id, reqs, gives)
 	if left {

@@ -33,7 +33,7 @@ type decision struct {
 	// each denied request's cost (see sliding_window.lua).
 	deniedCounted bool
 	// unsent has bit r set when reqs[r] is not sent: its limits are all
-	// Leased and decided from their leases (see leaseTable.take).
+	// Leased and decided from their leases (see takeLeases).
 	unsent uint32
 	// charge: a Charge, which counts whatever the counts; refund: a
 	// Refund's give-back (see charge.go).
@@ -97,14 +97,28 @@ type span struct {
 	arg    int // index of its limitArgs in that request's limits
 	first  int // index of its first key in that request's keys
 	seen   counts
-	// A Leased limit's (see leaseTable): it took held units of the cost from
-	// its lease, all of it when local; need is what it asks Redis to count
-	// of the cost (the rest; 0 when local, the whole cost when served from
-	// the lease alone, which the Result counts), and most what it asks to
-	// lease; grow says its lease ran out within its window.
+	// A Leased limit's: what the lease table granted it (see leaseGrant).
 	leased, local, grow bool
 	held, need, most    int64
-	entry               *lease // the lease it took from
+	entry               *lease
+}
+
+// granted records in s, a Leased limit's span, what the lease table
+// granted it: a limit decided from its lease derives its Result from the
+// lease's counts.
+func (s *span) granted(g *leaseGrant) {
+	s.leased = true
+	s.local, s.grow = g.local, g.grow
+	s.held, s.need, s.most = g.held, g.need, g.most
+	s.entry = g.entry
+	if g.local {
+		s.seen = g.seen
+	}
+}
+
+// grant returns what s, a Leased limit's span, was granted.
+func (s *span) grant() leaseGrant {
+	return leaseGrant{local: s.local, grow: s.grow, held: s.held, need: s.need, most: s.most, entry: s.entry}
 }
 
 // want returns what a request of cost n (1 for a look) adds to the span's
@@ -131,14 +145,14 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	}
 	now := l.now().UnixMilli()
 	leased := d.leased()
-	if leased && l.leases.serve(id, d, now, false) {
+	if leased && l.serveLeases(d, id, now, false) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
 	reqs := l.build(d, id, now)
 	var gives []*request
 	if leased {
-		gives = l.leases.take(id, d)
+		gives = l.takeLeases(d, id)
 		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
 			l.leases.later(id, gives)
 			d.received(nil, 0)
@@ -148,7 +162,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	}
 	if l.denied != nil && l.denied.deny(id, d) {
 		if leased {
-			l.leases.settle(id, d, false)
+			l.settleLeases(d, id, false)
 			l.leases.later(id, gives)
 		}
 		d.derive()
@@ -157,7 +171,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	took, left, err := l.send(ctx, d, id, reqs, gives)
 	if err != nil {
 		if leased {
-			l.leases.settle(id, d, false)
+			l.settleLeases(d, id, false)
 		}
 		if left {
 			return err
@@ -166,7 +180,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	}
 	d.absorb()
 	if leased {
-		l.leases.settle(id, d, true)
+		l.settleLeases(d, id, true)
 	}
 	if l.denied != nil {
 		l.denied.record(id, d)
@@ -187,7 +201,7 @@ func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
 		return err
 	}
 	now := l.now().UnixMilli()
-	if d.leased() && l.leases.serve(id, d, now, true) {
+	if d.leased() && l.serveLeases(d, id, now, true) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
@@ -202,6 +216,136 @@ func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
 	d.absorb()
 	d.derive()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+}
+
+// leased reports whether some limit of d is Leased.
+func (d *decision) leased() bool {
+	for i := range d.limits {
+		if d.limits[i].Leased {
+			return true
+		}
+	}
+	return false
+}
+
+// serveLeases decides d, if its every limit is Leased, from the leases
+// alone when each holds what it needs, placing them on the clock at Unix ms
+// now. It reports whether it did, with d's spans and replies filled for
+// derive; if not, it has changed nothing.
+func (l *Limiter) serveLeases(d *decision, id string, now int64, look bool) bool {
+	var asks [maxLimits]leaseAsk
+	var grants [maxLimits]leaseGrant
+	for i, limit := range d.limits {
+		if !limit.Leased {
+			return false
+		}
+		asks[i] = leaseAsk{rate: limit.Rate, pos: locate(now, limit)}
+	}
+	n := len(d.limits)
+	if !l.leases.serve(id, asks[:n], max(d.cost, 1), look, grants[:n]) {
+		return false
+	}
+	if len(d.spans) != n {
+		d.spans = make([]span, n)
+	}
+	for i, limit := range d.limits {
+		s := &d.spans[i]
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: asks[i].pos}
+		s.granted(&grants[i])
+	}
+	if len(d.replies) == 0 {
+		d.replies = make([]reply, 1)
+	}
+	d.replies = d.replies[:1]
+	d.replies[0] = reply{allowed: !look}
+	d.reqs = nil
+	return true
+}
+
+// takeLeases prepares d, built for Redis, for its Leased limits: each takes
+// from its lease what it holds of the cost (see leaseTable.take). A request
+// whose every limit is decided from its lease is not sent: d.unsent has its
+// bit. One that carries a Leased limit asks the script to lease: each
+// Leased limit's arguments say what its grant asks Redis to count and to
+// lease (nothing, when it is decided here), the others the cost. It returns
+// the give-backs of leases whose window has passed, for the same call.
+func (l *Limiter) takeLeases(d *decision, id string) []*request {
+	var asks [maxLimits]leaseAsk
+	var grants [maxLimits]leaseGrant
+	n := 0
+	for i := range d.spans {
+		if s := &d.spans[i]; d.limits[s.at].Leased {
+			asks[n] = leaseAsk{rate: d.limits[s.at].Rate, pos: s.pos}
+			n++
+		}
+	}
+	gives := l.leases.take(id, asks[:n], d.cost, grants[:n])
+	n = 0
+	for i := range d.spans {
+		if s := &d.spans[i]; d.limits[s.at].Leased {
+			s.granted(&grants[n])
+			n++
+		}
+	}
+	d.unsent = 0
+	for r, req := range d.reqs {
+		local := true
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && !s.local {
+				local = false
+			}
+		}
+		if local {
+			d.unsent |= 1 << r
+			continue
+		}
+		leases := false
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && s.leased {
+				leases = true
+			}
+		}
+		if !leases {
+			continue
+		}
+		req.mode = modeLease
+		for i := range req.limits {
+			req.limits[i].need, req.limits[i].most = req.cost, req.cost
+		}
+		for i := range d.spans {
+			if s := &d.spans[i]; s.req == r && s.leased {
+				a := &req.limits[s.arg]
+				if s.local {
+					a.need, a.most = 0, 0 // decided here, from its lease's counts
+				} else {
+					a.need, a.most = s.need, s.most
+				}
+			}
+		}
+	}
+	return gives
+}
+
+// settleLeases ends what takeLeases began, once d's call is answered (ok)
+// or has failed: each Leased limit's grant is allowed if its request was
+// (or was not sent, decided from leases), with the counts Redis saw, at
+// the key its request counts it in (see leaseTable.settle).
+func (l *Limiter) settleLeases(d *decision, id string, ok bool) {
+	var asks [maxLimits]leaseAsk
+	var grants [maxLimits]leaseGrant
+	var answers [maxLimits]leaseAnswer
+	n := 0
+	for i := range d.spans {
+		s := &d.spans[i]
+		if !s.leased {
+			continue
+		}
+		asks[n] = leaseAsk{rate: s.rate, pos: s.pos, key: d.reqs[s.req].keys[s.first]}
+		grants[n] = s.grant()
+		answers[n] = leaseAnswer{allowed: ok && (d.replies[s.req].allowed || d.unsent&(1<<s.req) != 0), seen: s.seen}
+		n++
+	}
+	l.leases.settle(id, asks[:n], grants[:n], answers[:n])
 }
 
 // begin starts decision d of id: it gives each of d.results its Limit,

@@ -109,14 +109,34 @@ func newLeaseTable(l *Limiter) *leaseTable {
 // leaseCap returns the largest lease of a limit of rate.
 func leaseCap(rate int64) int64 { return max(1, rate/leaseFraction) }
 
-// leased reports whether some limit of d is Leased.
-func (d *decision) leased() bool {
-	for i := range d.limits {
-		if d.limits[i].Leased {
-			return true
-		}
-	}
-	return false
+// leaseAsk is one Leased limit of a decision, in the lease table's terms:
+// a lease of an id serves one limit's Rate in one window (sub-window).
+type leaseAsk struct {
+	rate int64    // the limit's Rate, which sizes its lease
+	pos  position // its windows' length and kind, and the one the clock is in
+	key  string   // the key of that window, where Redis counts what it leases: for settle
+}
+
+// leaseGrant is what the table decided of a leaseAsk for a cost n: held
+// units of n come from the lease, all of them when local (then it is
+// decided here, from seen, the lease's counts as of its last lease plus
+// this process's use since). Otherwise need is what Redis is to count of
+// n (the rest), and most what it is to lease at most; grow says the lease
+// ran out within its window, so the next is larger. A grant served from
+// the lease alone has need n, which the Result counts.
+type leaseGrant struct {
+	local, grow      bool
+	held, need, most int64
+	seen             counts
+	entry            *lease // the lease it took from, for settle
+}
+
+// leaseAnswer is how a leaseGrant's request was answered: allowed (false
+// for a denial, a failed call or a denial from the deny cache), and then
+// the counts Redis saw, which a lease taken is reported with.
+type leaseAnswer struct {
+	allowed bool
+	seen    counts
 }
 
 // current returns the lease of id at p if it serves the clock there for a
@@ -125,130 +145,72 @@ func (e *lease) current(p position, rate int64) bool {
 	return e != nil && e.i == p.i && e.rate == rate
 }
 
-// serve decides d, a decision whose every limit is Leased, from the leases
-// alone if each holds what it needs: n units to take (a look takes nothing
-// and needs one). It reports whether it did, with d's spans and replies
-// filled for derive; if not, it has changed nothing.
-func (t *leaseTable) serve(id string, d *decision, now int64, look bool) bool {
-	var at [maxLimits]position
-	for i := range d.limits {
-		if !d.limits[i].Leased {
-			return false
-		}
-		at[i] = locate(now, d.limits[i])
-	}
-	n := max(d.cost, 1)
+// serve decides a request of cost n (a look takes nothing and needs one)
+// against asks, every limit of a decision, from their leases alone if each
+// holds n, and then fills grants, one per ask, and reports true; if not, it
+// has changed nothing.
+func (t *leaseTable) serve(id string, asks []leaseAsk, n int64, look bool, grants []leaseGrant) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i, limit := range d.limits {
-		if e := t.entries[leaseKey{id, at[i].w, at[i].subs}]; !e.current(at[i], limit.Rate) || e.left < n {
+	for i := range asks {
+		a := &asks[i]
+		if e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]; !e.current(a.pos, a.rate) || e.left < n {
 			return false
 		}
 	}
-	if len(d.spans) != len(d.limits) {
-		d.spans = make([]span, len(d.limits))
-	}
-	for i, limit := range d.limits {
-		s := &d.spans[i]
-		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: at[i], leased: true, local: true, need: n}
-		e := t.entries[leaseKey{id, s.pos.w, s.pos.subs}]
-		s.seen = e.seen
-		s.seen[0] += e.used
+	for i := range asks {
+		a := &asks[i]
+		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
+		g := leaseGrant{local: true, need: n, seen: e.seen}
+		g.seen[0] += e.used
 		e.sweep = t.sweeps
 		if !look {
-			s.held = n
+			g.held = n
 			e.left -= n
 			e.used += n
 		}
+		grants[i] = g
 	}
-	if len(d.replies) == 0 {
-		d.replies = make([]reply, 1)
-	}
-	d.replies = d.replies[:1]
-	d.replies[0] = reply{allowed: !look}
-	d.reqs = nil
 	return true
 }
 
-// take prepares d, built for Redis, for its Leased limits: each takes from
-// its lease what it holds of the cost n, up to all of it (then it is
-// decided here: its request, if every limit of it is, is not sent, and
-// d.unsent has its bit), and asks its request to lease the rest and more. It
-// returns the give-backs of leases whose window has passed, for the same
-// call. A look takes nothing: it goes to Redis as it is.
-func (t *leaseTable) take(id string, d *decision) []*request {
-	n := d.cost
+// take takes for each of asks, the Leased limits of a request of cost n on
+// its way to Redis, what its lease holds of n, up to all of it, and fills
+// grants, one per ask, with what the lease held and what to ask Redis to
+// count and to lease. It returns the give-backs of leases whose window has
+// passed, for the same call.
+func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGrant) []*request {
 	var gives []*request
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i := range d.spans {
-		s := &d.spans[i]
-		limit := d.limits[s.at]
-		if !limit.Leased {
-			continue
-		}
-		s.leased = true
-		e := t.entry(id, s.pos)
-		s.entry = e
-		if !e.current(s.pos, limit.Rate) {
+	for i := range asks {
+		a := &asks[i]
+		e := t.entry(id, a.pos)
+		if !e.current(a.pos, a.rate) {
 			if e.left > 0 && e.key != "" {
 				gives = append(gives, giveBack(e.left, e.key))
-				t.forgetDenial(id, s.pos)
+				t.forgetDenial(id, a.pos)
 				if e.left > e.size/2 { // expired unused: ask for less
 					e.size = max(1, e.size/2)
 				}
 			}
-			*e = lease{rate: limit.Rate, i: s.pos.i, size: e.size}
+			*e = lease{rate: a.rate, i: a.pos.i, size: e.size}
 		}
 		e.sweep = t.sweeps
+		g := leaseGrant{entry: e}
 		if e.left >= n {
-			s.local, s.held, s.need = true, n, n
-			s.seen = e.seen
-			s.seen[0] += e.used
+			g.local, g.held, g.need = true, n, n
+			g.seen = e.seen
+			g.seen[0] += e.used
 			e.left -= n
 			e.used += n
-			continue
+		} else {
+			g.held, e.left = e.left, 0
+			g.need = n - g.held
+			g.grow = e.key != "" // a lease of this window ran out
+			g.most = max(g.need, min(e.size, leaseCap(a.rate)))
 		}
-		s.held, e.left = e.left, 0
-		s.need = n - s.held
-		s.grow = e.key != "" // a lease of this window ran out
-		s.most = max(s.need, min(e.size, leaseCap(limit.Rate)))
-	}
-	d.unsent = 0
-	for r, req := range d.reqs {
-		local := true
-		for i := range d.spans {
-			if s := &d.spans[i]; s.req == r && !s.local {
-				local = false
-			}
-		}
-		if local {
-			d.unsent |= 1 << r
-			continue
-		}
-		leases := false
-		for i := range d.spans {
-			if s := &d.spans[i]; s.req == r && s.leased {
-				leases = true
-			}
-		}
-		if !leases {
-			continue
-		}
-		req.mode = modeLease
-		for i := range req.limits {
-			req.limits[i].need, req.limits[i].most = req.cost, req.cost
-		}
-		for i := range d.spans {
-			if s := &d.spans[i]; s.req == r && s.leased {
-				a := &req.limits[s.arg]
-				if s.local {
-					a.need, a.most = 0, 0 // decided here, from its lease's counts
-				} else {
-					a.need, a.most = s.need, s.most
-				}
-			}
-		}
+		grants[i] = g
 	}
 	if len(gives) > 0 {
 		t.start()
@@ -284,62 +246,55 @@ func (t *leaseTable) drop(k leaseKey, e *lease) {
 	}
 }
 
-// settle ends what take began, once d's call is answered (ok) or has failed:
-// a Leased limit of a request Redis allowed keeps what it took and adds to
-// its lease the rest of what Redis leased; one of a request denied, or of a
-// failed call, gives back to its lease what it took from it. A lease that
-// came back after its window is given back.
-func (t *leaseTable) settle(id string, d *decision, ok bool) {
+// settle ends what take began for asks and their grants, once their
+// requests are answered: a grant allowed keeps what it took and, unless
+// local, adds to its lease the rest of what Redis leased at the ask's key;
+// one not allowed gives back to its lease what it took from it. A lease
+// that came back after its window is given back.
+func (t *leaseTable) settle(id string, asks []leaseAsk, grants []leaseGrant, answers []leaseAnswer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i := range d.spans {
-		s := &d.spans[i]
-		if !s.leased {
-			continue
-		}
-		if s.entry.reset {
+	for i := range asks {
+		a, g, r := &asks[i], &grants[i], &answers[i]
+		if g.entry.reset {
 			continue // see lease.reset
 		}
-		k := leaseKey{id, s.pos.w, s.pos.subs}
-		e := t.entries[k]
-		allowed := ok && d.replies[s.req].allowed
-		if s.local && ok && (allowed || d.unsent&(1<<s.req) != 0) {
+		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
+		if g.local && r.allowed {
 			continue // decided here, and kept
 		}
-		key := d.reqs[s.req].keys[s.first]
-		if !allowed || s.local {
-			t.restore(id, e, s, key, s.held)
+		if !r.allowed || g.local {
+			t.restore(id, e, a, g.held)
 			continue
 		}
-		extra := granted(s.need, s.most, s.rate, s.pos.estimate(&s.seen)) - s.need
-		if !e.current(s.pos, s.rate) {
+		extra := granted(g.need, g.most, a.rate, a.pos.estimate(&r.seen)) - g.need
+		if !e.current(a.pos, a.rate) {
 			if extra > 0 {
-				t.queue(pendingGive{id, s.pos, giveBack(extra, key)})
+				t.queue(pendingGive{id, a.pos, giveBack(extra, a.key)})
 			}
 			continue
 		}
 		e.left += extra
-		e.key, e.seen, e.used = key, s.seen, s.need
-		if s.grow {
-			e.size = min(leaseCap(s.rate), 2*e.size)
+		e.key, e.seen, e.used = a.key, r.seen, g.need
+		if g.grow {
+			e.size = min(leaseCap(a.rate), 2*e.size)
 		}
 	}
 }
 
-// restore gives units taken from a lease, counted at key in the window of
-// s, back to the lease, or to the key if the lease has moved on. Called
-// with t.mu held.
-func (t *leaseTable) restore(id string, e *lease, s *span, key string, units int64) {
+// restore gives units taken from e, a's lease, back to it, or to a's key if
+// the lease has moved on. Called with t.mu held.
+func (t *leaseTable) restore(id string, e *lease, a *leaseAsk, units int64) {
 	if units == 0 {
 		return
 	}
-	if e.current(s.pos, s.rate) {
+	if e.current(a.pos, a.rate) {
 		e.left += units
 		e.used = max(0, e.used-units)
-		e.key = key // the entry may be new, and must give them back in time
+		e.key = a.key // the entry may be new, and must give them back in time
 		return
 	}
-	t.queue(pendingGive{id, s.pos, giveBack(units, key)})
+	t.queue(pendingGive{id, a.pos, giveBack(units, a.key)})
 }
 
 // later leaves gives, the give-backs of a decision of id that sends nothing,
@@ -382,21 +337,17 @@ func (t *leaseTable) forgetDenial(id string, p position) {
 	}
 }
 
-// drain drops this process's leases of d's Leased limits, d being a
-// Charge, and returns the give-backs of what they held, for the charge's
-// call: units counted before the charge must not serve after it, which may
-// have pushed the count over. What a decision has in flight from them goes
-// back when it settles (see restore).
-func (t *leaseTable) drain(id string, d *decision) []*request {
+// drain drops this process's leases of id at each of at, the positions of
+// a Charge's Leased limits, and returns the give-backs of what they held,
+// for the charge's call: units counted before the charge must not serve
+// after it, which may have pushed the count over. What a decision has in
+// flight from them goes back when it settles (see restore).
+func (t *leaseTable) drain(id string, at []position) []*request {
 	var gives []*request
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i := range d.spans {
-		s := &d.spans[i]
-		if !d.limits[s.at].Leased {
-			continue
-		}
-		k := leaseKey{id, s.pos.w, s.pos.subs}
+	for _, p := range at {
+		k := leaseKey{id, p.w, p.subs}
 		e := t.entries[k]
 		if e == nil {
 			continue
@@ -404,7 +355,7 @@ func (t *leaseTable) drain(id string, d *decision) []*request {
 		delete(t.entries, k)
 		if e.left > 0 && e.key != "" {
 			gives = append(gives, giveBack(e.left, e.key))
-			t.forgetDenial(id, s.pos)
+			t.forgetDenial(id, p)
 		}
 	}
 	return gives
