@@ -18,6 +18,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // breakerEnv is a Limiter whose breaker reads a fake clock, on a miniredis
@@ -42,7 +43,7 @@ func newBreakerEnv(t *testing.T, opts ...Option) *breakerEnv {
 			e.mu.Unlock()
 		}),
 	}, opts...)...)
-	e.l.t.one.breaker.now = e.clock.Now
+	e.l.t.SetBreakerClock(e.clock.Now)
 	return e
 }
 
@@ -110,35 +111,11 @@ func TestBreakerProbesAfterCooldown(t *testing.T) {
 	}
 }
 
-// While the breaker is open, concurrent decisions send one probe at a time.
-func TestBreakerOneProbe(t *testing.T) {
-	t.Parallel()
-	e := newBreakerEnv(t, WithCircuitBreaker(1, time.Second))
-	e.mr.SetError("BUSY Redis is busy running a script")
-	require.Error(t, e.allow(t))
-	e.clock.Add(time.Second)
-	ok, probe := e.l.t.one.breaker.allow()
-	require.True(t, ok)
-	require.True(t, probe)
-	for range 10 {
-		ok, _ := e.l.t.one.breaker.allow()
-		require.False(t, ok, "a second probe while the first is out")
-	}
-	e.l.t.one.breaker.abandon(true) // its caller left: the turn goes back
-	ok, probe = e.l.t.one.breaker.allow()
-	require.True(t, ok && probe)
-	e.l.t.one.breaker.done(true, nil)
-	require.Equal(t, closed, e.l.t.one.breaker.state.Load())
-}
-
 func TestBreakerOff(t *testing.T) {
 	t.Parallel()
-	require.NotNil(t, newBreakerEnv(t).l.t.one.breaker, "on by default")
-	e := newBreakerEnv(t)
-	e.l.t.one.breaker = nil // as WithCircuitBreaker(0, 0) leaves it
-	off := redis.NewClient(&redis.Options{})
-	t.Cleanup(func() { _ = off.Close() })
-	require.Nil(t, New(off, WithCircuitBreaker(0, 0)).t.one.breaker)
+	require.True(t, newBreakerEnv(t).l.t.HasBreaker(), "on by default")
+	e := newBreakerEnv(t, WithCircuitBreaker(0, 0))
+	require.False(t, e.l.t.HasBreaker())
 	e.mr.SetError("LOADING Redis is loading the dataset in memory")
 	for range 20 {
 		err := e.allow(t)
@@ -166,7 +143,7 @@ func heldClient(t *testing.T, addr string) (*redis.Client, *heldCalls, *clock.Fa
 	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	require.NoError(t, client.ScriptLoad(context.Background(), slidingWindowSource).Err())
-	hook := newHeldCalls(maxInFlight)
+	hook := newHeldCalls(transport.MaxInFlight)
 	client.AddHook(hook)
 	return client, hook, clock.NewFake(time.UnixMilli(1_700_002_800_000))
 }
@@ -233,17 +210,17 @@ func batchAfterHeld(t *testing.T, l *Limiter, hook *heldCalls, limit Limit, ids 
 func batchAfterHeldWith(t *testing.T, l *Limiter, hook *heldCalls, decide func(context.Context, string) (Result, error),
 	ids []string, holdCtx context.Context, cancel context.CancelFunc) (queued map[string]outcome, held []outcome) {
 	t.Helper()
-	require.NotNil(t, l.t.one.batch, "batching is on by default for a *redis.Client")
-	require.Equal(t, maxInFlight, hook.hold)
+	require.True(t, l.t.HasBatcher(), "batching is on by default for a *redis.Client")
+	require.Equal(t, transport.MaxInFlight, hook.hold)
 	BatchAlways(l) // from so few goroutines, decisions would go alone
-	out := make(chan outcome, maxInFlight+len(ids))
+	out := make(chan outcome, transport.MaxInFlight+len(ids))
 	start := func(ctx context.Context, id string) {
 		go func() {
 			res, err := decide(ctx, id)
 			out <- outcome{id, res, err}
 		}()
 	}
-	for i := range maxInFlight {
+	for i := range transport.MaxInFlight {
 		start(holdCtx, fmt.Sprint("held-", i))
 		<-hook.held // in flight, held: the next decision cannot join it
 	}
@@ -251,16 +228,15 @@ func batchAfterHeldWith(t *testing.T, l *Limiter, hook *heldCalls, decide func(c
 		start(context.Background(), id)
 	}
 	require.Eventually(t, func() bool {
-		l.t.one.batch.mu.Lock()
-		defer l.t.one.batch.mu.Unlock()
-		return l.t.one.batch.waiting == len(ids)
+		waiting, _ := l.t.Queued()
+		return waiting == len(ids)
 	}, 10*time.Second, time.Millisecond, "the decisions queue behind the held calls")
 	if cancel != nil {
 		cancel()
 	}
 	close(hook.release)
 	queued = map[string]outcome{}
-	for range maxInFlight + len(ids) {
+	for range transport.MaxInFlight + len(ids) {
 		o := <-out
 		if strings.HasPrefix(o.id, "held-") {
 			held = append(held, o)
@@ -271,9 +247,8 @@ func batchAfterHeldWith(t *testing.T, l *Limiter, hook *heldCalls, decide func(c
 	// Wait for the batch's own call to be over and counted: it may outlast
 	// the callers, who stop waiting at their own deadlines.
 	require.Eventually(t, func() bool {
-		l.t.one.batch.mu.Lock()
-		defer l.t.one.batch.mu.Unlock()
-		return l.t.one.batch.sending == 0
+		_, sending := l.t.Queued()
+		return sending == 0
 	}, 10*time.Second, time.Millisecond, "the batch's call ends")
 	require.Equal(t, []int{1, 1, len(ids)}, hook.calls(), "requests per script call: the queued decisions went together")
 	return queued, held
@@ -288,43 +263,41 @@ func TestFewDecisionsGoAlone(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	require.NoError(t, client.ScriptLoad(context.Background(), slidingWindowSource).Err())
-	hook := newHeldCalls(fewDeciding)
+	hook := newHeldCalls(transport.FewDeciding)
 	client.AddHook(hook)
 	var release sync.Once
 	t.Cleanup(func() { release.Do(func() { close(hook.release) }) }) // if it fails first
 	l := New(client, WithTimeout(time.Minute))
-	b := l.t.one.batch
 	limit := PerMinute(10)
-	out := make(chan error, fewDeciding+1)
+	out := make(chan error, transport.FewDeciding+1)
 	decide := func(id string) {
 		go func() {
 			_, err := l.Allow(context.Background(), id, limit)
 			out <- err
 		}()
 	}
-	for i := range fewDeciding {
+	for i := range transport.FewDeciding {
 		decide(fmt.Sprint("alone-", i))
 		select {
-		case <-hook.held: // its call is in flight, although maxInFlight are
+		case <-hook.held: // its call is in flight, although transport.MaxInFlight are
 		case <-time.After(10 * time.Second):
-			t.Fatalf("decision %d of %d was not sent at once", i+1, fewDeciding)
+			t.Fatalf("decision %d of %d was not sent at once", i+1, transport.FewDeciding)
 		}
 	}
 	decide("one-more")
 	require.Eventually(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.waiting == 1 && b.sending == fewDeciding
-	}, 10*time.Second, time.Millisecond, "the decision past fewDeciding waits")
+		waiting, sending := l.t.Queued()
+		return waiting == 1 && sending == transport.FewDeciding
+	}, 10*time.Second, time.Millisecond, "the decision past transport.FewDeciding waits")
 	release.Do(func() { close(hook.release) })
-	for range fewDeciding + 1 {
+	for range transport.FewDeciding + 1 {
 		require.NoError(t, <-out)
 	}
-	want := slices.Repeat([]int{1}, fewDeciding+1)
+	want := slices.Repeat([]int{1}, transport.FewDeciding+1)
 	require.Equal(t, want, hook.calls())
 
 	// A burst, all at once: past fewDeciding under way, decisions batch.
-	const burst = 8 * fewDeciding
+	const burst = 8 * transport.FewDeciding
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range burst {
@@ -340,49 +313,9 @@ func TestFewDecisionsGoAlone(t *testing.T) {
 	require.Less(t, len(calls), burst, "no call carried two decisions")
 	// The last call hands out its replies before it counts itself out.
 	require.Eventually(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.sending == 0
+		_, sending := l.t.Queued()
+		return sending == 0
 	}, 10*time.Second, time.Millisecond, "the calls end")
-}
-
-// A call that ends while more than maxInFlight are in flight leaves the
-// waiting decisions to the others, whether it went alone (next) or was a
-// batch (flush); one that ends with maxInFlight or fewer in flight sends
-// them.
-func TestCallsPastMaxInFlightRetire(t *testing.T) {
-	t.Parallel()
-	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	l := New(client, WithTimeout(time.Minute))
-	b := l.t.one.batch
-	d := l.newTestDecision("waiting", PerMinute(10))
-	p := newPending(context.Background(), context.Background(), d.reqs)
-	b.mu.Lock()
-	b.queue, b.waiting, b.keys = []*pending{p}, len(p.reqs), p.keys
-	b.sending = maxInFlight + 2 // this call, and maxInFlight+1 others
-	b.mu.Unlock()
-
-	b.next()
-	b.flush()
-	b.mu.Lock()
-	require.Equal(t, maxInFlight, b.sending, "both calls retired")
-	require.Len(t, b.queue, 1, "and left the decision waiting")
-	b.mu.Unlock()
-
-	b.next() // maxInFlight in flight, this one among them: it sends
-	select {
-	case r := <-p.done:
-		require.NoError(t, r.err)
-		require.True(t, r.replies[0].allowed)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiting decision was not sent")
-	}
-	require.Eventually(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.sending == maxInFlight-1 && len(b.queue) == 0
-	}, 10*time.Second, time.Millisecond, "the call that sent it ends")
 }
 
 // A batch that carries a request for an id whose key holds no count fails
@@ -436,7 +369,7 @@ func TestBatchWithBadKey(t *testing.T) {
 				require.Len(t, handled, 1, "errors only for the bad id: %v", handled)
 				require.Len(t, handled["bad"], 1)
 				require.ErrorIs(t, handled["bad"][0], ErrBadReply)
-				require.Zero(t, l.t.one.breaker.failures.Load(), "Redis answered")
+				require.Zero(t, l.t.Failures(), "Redis answered")
 			})
 		}
 	}
@@ -454,7 +387,7 @@ func TestBreakerCountsABatchOnce(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: ctxAware,
 				ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
 			t.Cleanup(func() { _ = client.Close() })
-			hook := newHeldCalls(maxInFlight)
+			hook := newHeldCalls(transport.MaxInFlight)
 			client.AddHook(hook)
 			var mu sync.Mutex
 			var handled []error
@@ -488,19 +421,7 @@ func TestBreakerCountsABatchOnce(t *testing.T) {
 			}
 			mu.Unlock()
 			require.False(t, l.Stats().BreakerOpen, "one failed call of five decisions opened the breaker")
-			require.Equal(t, int32(1), l.t.one.breaker.failures.Load(), "one failed call, one failure")
+			require.Equal(t, int32(1), l.t.Failures(), "one failed call, one failure")
 		})
 	}
-}
-
-// An open breaker met after the Limiter's deadline passed is named once, as
-// the open breaker of its server: no reply was due from a server not asked
-// (the failover run had logged "no reply within 100ms from …: … circuit open").
-func TestCircuitOpenNamedOnce(t *testing.T) {
-	tr := &transport{timeout: 100 * time.Millisecond}
-	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
-	defer cancel()
-	err := tr.explain(ctx, &server{name: "127.0.0.1:7921"}, ErrCircuitOpen)
-	require.ErrorIs(t, err, ErrCircuitOpen)
-	require.Equal(t, "ratelimit: 127.0.0.1:7921: circuit open after repeated Redis failures", err.Error())
 }

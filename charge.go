@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"hash/maphash"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // Charge counts n against every limit for id, whatever the counts are: the cost of work already
@@ -46,7 +49,7 @@ func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) e
 		return err
 	}
 	reqs := l.build(d, id, l.now().UnixMilli())
-	var gives []*request
+	var gives []*script.Request
 	if d.leased() {
 		var at [maxLimits]position
 		n := 0
@@ -206,8 +209,8 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		return nil, nil
 	}
 	d.results = results
-	d.reqs = []*request{giveBack(n, keys...)}
-	d.replies = make([]reply, 1)
+	d.reqs = []*script.Request{script.GiveBack(n, keys...)}
+	d.replies = make([]script.Reply, 1)
 	return d, nil
 }
 
@@ -217,16 +220,16 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 	if l.observer != nil {
 		start = time.Now()
 	}
-	err := l.t.do(ctx, d.reqs, d.replies)
+	err := l.t.Do(ctx, d.reqs, d.replies)
 	if err == nil {
-		err = d.replies[0].err
+		err = d.replies[0].Err
 	}
 	if l.denied != nil {
 		for i := range d.spans {
 			l.denied.forget(id, d.spans[i].pos)
 		}
 	}
-	if gone := (*callerLeft)(nil); errors.As(err, &gone) { // it may yet land
+	if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) { // it may yet land
 		l.reportLate(ctx, d, id, start, gone)
 		<-ctx.Done()
 		return ctx.Err()
@@ -249,4 +252,7 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 
 // idHash hashes an id for a Result, so that Refund can tell a Result made
 // for another id.
-func idHash(id string) uint64 { return maphash.String(keySeed, id) | 1 } // never 0: 0 is "none yet"
+func idHash(id string) uint64 { return maphash.String(idSeed, id) | 1 } // never 0: 0 is "none yet"
+
+// idSeed hashes ids for idHash.
+var idSeed = maphash.MakeSeed()

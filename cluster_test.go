@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // A batch sent to a Cluster master that does not serve its keys (as after a
@@ -30,7 +31,7 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 	for i := 0; len(byNode) < 3 || fewest(byNode) < 3; i++ {
 		id := fmt.Sprint("id-", i)
 		d := l.newTestDecision(id, limit)
-		node, err := cc.MasterForKey(ctx, d.reqs[0].keys[0])
+		node, err := cc.MasterForKey(ctx, d.reqs[0].Keys[0])
 		require.NoError(t, err)
 		byNode[node] = append(byNode[node], id)
 	}
@@ -50,26 +51,22 @@ func TestClusterBatchRefusedGoesAgain(t *testing.T) {
 		{"a later id elsewhere (non local key)", []string{byNode[home][2], byNode[elsewhere][1], byNode[elsewhere][2]}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := l.t.newServer(home.Options().Addr, home, true, true)
-			var batch []*pending
+			var batch [][]*script.Request
 			for _, id := range tc.ids {
-				d := l.newTestDecision(id, limit)
-				batch = append(batch, newPending(ctx, ctx, d.reqs))
+				batch = append(batch, l.newTestDecision(id, limit).reqs)
 			}
-			srv.batch.send(batch)
-			for i, p := range batch {
-				r := <-p.done
-				require.NoError(t, r.err, tc.ids[i])
-				require.Len(t, r.replies, 1)
-				require.True(t, r.replies[0].allowed, tc.ids[i])
-				require.Equal(t, int64(0), r.replies[0].counts[0], "%s was counted before", tc.ids[i])
+			for i, r := range l.t.SendBatch(ctx, home, batch) {
+				require.NoError(t, r.Err, tc.ids[i])
+				require.Len(t, r.Replies, 1)
+				require.True(t, r.Replies[0].Allowed, tc.ids[i])
+				require.Equal(t, int64(0), r.Replies[0].Counts[0], "%s was counted before", tc.ids[i])
 			}
 			for _, id := range tc.ids {
 				res, err := l.Peek(ctx, id, limit)
 				require.NoError(t, err)
 				require.Equal(t, int64(1), res.Count, "%s counted once", id)
 			}
-			require.False(t, l.t.crossOff.Load(), "a refused batch does not turn cluster batching off")
+			require.False(t, l.t.CrossOff(), "a refused batch does not turn cluster batching off")
 		})
 	}
 }

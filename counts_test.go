@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // countBackends are the servers the tests of this file run on: the script
@@ -84,7 +85,7 @@ func TestBatchWithChargePast2To53(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			require.Empty(t, handled)
-			require.Zero(t, l.t.one.breaker.failures.Load(), "Redis answered")
+			require.Zero(t, l.t.Failures(), "Redis answered")
 		})
 	}
 }
@@ -103,7 +104,7 @@ func TestChargesPast2To53InOneCall(t *testing.T) {
 			l := New(client, WithClock(clk.Now), WithTimeout(time.Minute))
 			sliding, strict := PerMinute(10), Limit{Rate: 10, Window: time.Hour, Strict: true}
 			limits := []Limit{sliding, strict}
-			charge := func(n int64) *request {
+			charge := func(n int64) *script.Request {
 				d := &decision{cost: n, limits: limits, results: make([]Result, len(limits)), charge: true}
 				return l.build(d, "u", clk.Now().UnixMilli())[0]
 			}
@@ -111,28 +112,28 @@ func TestChargesPast2To53InOneCall(t *testing.T) {
 			// would pass it; and a cost above 2^53, which Go would refuse,
 			// the script refuses too.
 			costs := []int64{1<<53 - 2, 3, 2, 1, 1<<53 + 1}
-			var reqs []*request
+			var reqs []*script.Request
 			for _, n := range costs {
 				reqs = append(reqs, charge(n))
 			}
-			require.True(t, repeats(reqs))
-			out := make([]reply, len(reqs))
-			require.NoError(t, l.t.call(ctx, client, decider, reqs, out))
+			require.True(t, script.Repeats(reqs))
+			out := make([]script.Reply, len(reqs))
+			require.NoError(t, l.t.Call(ctx, reqs, out))
 			for i, want := range []struct {
 				ok   bool
 				seen int64 // each limit's current count before the request
 			}{{true, 0}, {false, 1<<53 - 2}, {true, 1<<53 - 2}, {false, 1 << 53}, {false, 1 << 53}} {
 				r := out[i]
 				if want.ok {
-					require.NoError(t, r.err, "charge %d", costs[i])
+					require.NoError(t, r.Err, "charge %d", costs[i])
 				} else {
-					require.ErrorIs(t, r.err, ErrInvalidCost, "charge %d", costs[i])
-					require.ErrorContains(t, r.err, "limit 10/1m0s past 2^53", "the first limit that would pass it is named")
+					require.ErrorIs(t, r.Err, ErrInvalidCost, "charge %d", costs[i])
+					require.ErrorContains(t, r.Err, "limit 10/1m0s past 2^53", "the first limit that would pass it is named")
 				}
-				require.Equal(t, want.seen, r.counts[0], "charge %d", costs[i])
-				require.Equal(t, want.seen, r.counts[2], "charge %d: the strict limit's current sub-window", costs[i])
+				require.Equal(t, want.seen, r.Counts[0], "charge %d", costs[i])
+				require.Equal(t, want.seen, r.Counts[2], "charge %d: the strict limit's current sub-window", costs[i])
 			}
-			for _, k := range append(reqs[0].keys[:1:1], reqs[0].keys[2]) {
+			for _, k := range append(reqs[0].Keys[:1:1], reqs[0].Keys[2]) {
 				got, err := client.Get(ctx, k).Int64()
 				require.NoError(t, err)
 				require.Equal(t, int64(1<<53), got, k)

@@ -9,6 +9,9 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // decision is one call of AllowN, AllowAll, Peek, PeekAll, Charge or
@@ -21,10 +24,10 @@ type decision struct {
 	limits  []Limit
 	results []Result
 	spans   []span // one per limit
-	reqs    []*request
-	replies []reply // one per request, from Redis, the deny cache or FailLocal
-	cost    int64   // 0 for a look
-	allowed bool    // the one decision every Result reports
+	reqs    []*script.Request
+	replies []script.Reply // one per request, from Redis, the deny cache or FailLocal
+	cost    int64          // 0 for a look
+	allowed bool           // the one decision every Result reports
 	// refused has bit i set when limits[i] did not admit the request (or
 	// for a look, a cost of 1), whatever the decision: the limits a denial
 	// is owed to. maxLimits bits fit.
@@ -49,7 +52,7 @@ type one struct {
 	limits  [1]Limit
 	results [1]Result
 	spans   [1]span
-	replies [1]reply
+	replies [1]script.Reply
 }
 
 // decideOne is decide for a decision of one limit, held on its caller's
@@ -79,9 +82,9 @@ func (o *one) decision(limit Limit) decision {
 // wire is what a decision of one limit sends to Redis, in one allocation:
 // its request and what the call's arguments point to.
 type wire struct {
-	req  request
-	reqs [1]*request
-	args [1]limitArgs
+	req  script.Request
+	reqs [1]*script.Request
+	args [1]script.LimitArgs
 	keys [2]string
 }
 
@@ -94,7 +97,7 @@ type span struct {
 	shadow bool  // the limit's Shadow
 	pos    position
 	req    int // index in decision.reqs of the request that carries it
-	arg    int // index of its limitArgs in that request's limits
+	arg    int // index of its script.LimitArgs in that request's Limits
 	first  int // index of its first key in that request's keys
 	seen   counts
 	// A Leased limit's: what the lease table granted it (see leaseGrant).
@@ -150,7 +153,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
 	reqs := l.build(d, id, now)
-	var gives []*request
+	var gives []*script.Request
 	if leased {
 		gives = l.takeLeases(d, id)
 		if d.unsent == 1<<len(d.reqs)-1 { // all decided from leases after all
@@ -254,10 +257,10 @@ func (l *Limiter) serveLeases(d *decision, id string, now int64, look bool) bool
 		s.granted(&grants[i])
 	}
 	if len(d.replies) == 0 {
-		d.replies = make([]reply, 1)
+		d.replies = make([]script.Reply, 1)
 	}
 	d.replies = d.replies[:1]
-	d.replies[0] = reply{allowed: !look}
+	d.replies[0] = script.Reply{Allowed: !look}
 	d.reqs = nil
 	return true
 }
@@ -269,7 +272,7 @@ func (l *Limiter) serveLeases(d *decision, id string, now int64, look bool) bool
 // Leased limit's arguments say what its grant asks Redis to count and to
 // lease (nothing, when it is decided here), the others the cost. It returns
 // the give-backs of leases whose window has passed, for the same call.
-func (l *Limiter) takeLeases(d *decision, id string) []*request {
+func (l *Limiter) takeLeases(d *decision, id string) []*script.Request {
 	var asks [maxLimits]leaseAsk
 	var grants [maxLimits]leaseGrant
 	n := 0
@@ -308,17 +311,17 @@ func (l *Limiter) takeLeases(d *decision, id string) []*request {
 		if !leases {
 			continue
 		}
-		req.mode = modeLease
-		for i := range req.limits {
-			req.limits[i].need, req.limits[i].most = req.cost, req.cost
+		req.Mode = script.ModeLease
+		for i := range req.Limits {
+			req.Limits[i].Need, req.Limits[i].Most = req.Cost, req.Cost
 		}
 		for i := range d.spans {
 			if s := &d.spans[i]; s.req == r && s.leased {
-				a := &req.limits[s.arg]
+				a := &req.Limits[s.arg]
 				if s.local {
-					a.need, a.most = 0, 0 // decided here, from its lease's counts
+					a.Need, a.Most = 0, 0 // decided here, from its lease's counts
 				} else {
-					a.need, a.most = s.need, s.most
+					a.Need, a.Most = s.need, s.most
 				}
 			}
 		}
@@ -340,9 +343,9 @@ func (l *Limiter) settleLeases(d *decision, id string, ok bool) {
 		if !s.leased {
 			continue
 		}
-		asks[n] = leaseAsk{rate: s.rate, pos: s.pos, key: d.reqs[s.req].keys[s.first]}
+		asks[n] = leaseAsk{rate: s.rate, pos: s.pos, key: d.reqs[s.req].Keys[s.first]}
 		grants[n] = s.grant()
-		answers[n] = leaseAnswer{allowed: ok && (d.replies[s.req].allowed || d.unsent&(1<<s.req) != 0), seen: s.seen}
+		answers[n] = leaseAnswer{allowed: ok && (d.replies[s.req].Allowed || d.unsent&(1<<s.req) != 0), seen: s.seen}
 		n++
 	}
 	l.leases.settle(id, asks[:n], grants[:n], answers[:n])
@@ -370,13 +373,13 @@ func (l *Limiter) begin(d *decision, id string, n int64) error {
 // decision: the call's failure, if it fails, is reported when it comes
 // (see reportLate), and send returns left true and ctx's error once ctx is
 // done.
-func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives []*request) (took time.Duration, left bool, err error) {
+func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives []*script.Request) (took time.Duration, left bool, err error) {
 	reqs, replies := d.sending(reqs, gives)
 	var start time.Time
 	if l.observer != nil {
 		start = time.Now()
 	}
-	err = l.t.do(ctx, reqs, replies)
+	err = l.t.Do(ctx, reqs, replies)
 	d.received(replies, len(gives))
 	l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
 	if err == nil {
@@ -388,7 +391,7 @@ func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives 
 	if err == nil {
 		return took, false, nil
 	}
-	if gone := (*callerLeft)(nil); errors.As(err, &gone) { // gone is on the heap: not for every call
+	if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) { // gone is on the heap: not for every call
 		l.reportLate(ctx, d, id, start, gone)
 		<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
 		return 0, true, ctx.Err()
@@ -400,8 +403,8 @@ func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives 
 // request Redis could not decide, or whose reply made no sense.
 func (d *decision) failed() error {
 	for _, r := range d.replies {
-		if r.err != nil {
-			return r.err
+		if r.Err != nil {
+			return r.Err
 		}
 	}
 	return nil
@@ -428,44 +431,44 @@ func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
 // when it alone admits the request. Nothing
 // it stores in d is loaded from d: d may be on its caller's stack (see
 // one), and Go's escape analysis tells no field of d from another.
-func (l *Limiter) build(d *decision, id string, now int64) []*request {
+func (l *Limiter) build(d *decision, id string, now int64) []*script.Request {
 	if len(d.spans) == 1 { // set up by decideOne
 		limit := d.limits[0]
 		pos := locate(now, limit)
 		d.spans[0] = span{rate: limit.Rate, shadow: limit.Shadow, pos: pos}
 		w := &wire{}
 		w.args[0] = newLimitArgs(limit, pos)
-		w.req = request{cost: d.cost, mode: l.countDenied, nlimits: 1, limits: w.args[:]}
-		w.req.keys = l.appendKeys(w.keys[:0], id, pos)
+		w.req = script.Request{Cost: d.cost, Mode: l.countDenied, NLimits: 1, Limits: w.args[:]}
+		w.req.Keys = l.appendKeys(w.keys[:0], id, pos)
 		w.reqs[0] = &w.req
 		d.reqs = w.reqs[:]
 		return w.reqs[:]
 	}
 	spans := make([]span, len(d.limits))
-	enforced := &request{cost: d.cost, mode: l.countDenied}
+	enforced := &script.Request{Cost: d.cost, Mode: l.countDenied}
 	if d.charge {
-		enforced.mode = modeCharge // every limit, Shadow ones too
+		enforced.Mode = script.ModeCharge // every limit, Shadow ones too
 	}
-	reqs := []*request{enforced}
+	reqs := []*script.Request{enforced}
 	for i, limit := range d.limits {
 		r, at := enforced, 0
 		if limit.Shadow && d.cost > 0 && !d.charge {
-			r, at = &request{cost: d.cost, mode: l.countDenied}, len(reqs)
+			r, at = &script.Request{Cost: d.cost, Mode: l.countDenied}, len(reqs)
 			reqs = append(reqs, r)
 		}
 		s := &spans[i]
-		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), req: at, arg: len(r.limits), first: len(r.keys)}
-		r.limits = append(r.limits, newLimitArgs(limit, s.pos))
-		r.keys = l.appendKeys(r.keys, id, s.pos)
-		r.nlimits++
+		*s = span{at: i, rate: limit.Rate, shadow: limit.Shadow, pos: locate(now, limit), req: at, arg: len(r.Limits), first: len(r.Keys)}
+		r.Limits = append(r.Limits, newLimitArgs(limit, s.pos))
+		r.Keys = l.appendKeys(r.Keys, id, s.pos)
+		r.NLimits++
 	}
-	if len(enforced.limits) == 0 {
+	if len(enforced.Limits) == 0 {
 		reqs = reqs[1:]
 		for i := range spans {
 			spans[i].req--
 		}
 	}
-	d.spans, d.reqs, d.replies = spans, reqs, make([]reply, len(reqs))
+	d.spans, d.reqs, d.replies = spans, reqs, make([]script.Reply, len(reqs))
 	return reqs
 }
 
@@ -476,7 +479,7 @@ func (l *Limiter) build(d *decision, id string, now int64) []*request {
 func (d *decision) absorb() {
 	for i := range d.spans {
 		if s := &d.spans[i]; !s.local {
-			copy(s.seen[:s.pos.keys()], d.replies[s.req].counts[s.first:])
+			copy(s.seen[:s.pos.keys()], d.replies[s.req].Counts[s.first:])
 		}
 	}
 }
@@ -485,29 +488,29 @@ func (d *decision) absorb() {
 // caller, not from d: see build): gives first, so that the requests after
 // them see the counts they lower, then those not decided from leases; with
 // their replies' places.
-func (d *decision) sending(reqs, gives []*request) ([]*request, []reply) {
+func (d *decision) sending(reqs, gives []*script.Request) ([]*script.Request, []script.Reply) {
 	if d.unsent == 0 && len(gives) == 0 {
 		return reqs, d.replies
 	}
-	send := append(make([]*request, 0, len(reqs)+len(gives)), gives...)
+	send := append(make([]*script.Request, 0, len(reqs)+len(gives)), gives...)
 	for r, req := range reqs {
 		if d.unsent&(1<<r) == 0 {
 			send = append(send, req)
 		}
 	}
-	return send, make([]reply, len(send))
+	return send, make([]script.Reply, len(send))
 }
 
 // received puts the replies of the requests sending returned, after those
 // of its gives, in d.replies, and allows the requests decided from leases.
-func (d *decision) received(replies []reply, gives int) {
+func (d *decision) received(replies []script.Reply, gives int) {
 	if len(replies) > 0 && &replies[0] == &d.replies[0] {
 		return
 	}
 	replies = replies[min(gives, len(replies)):]
 	for r := range d.reqs {
 		if d.unsent&(1<<r) != 0 {
-			d.replies[r] = reply{allowed: true}
+			d.replies[r] = script.Reply{Allowed: true}
 			continue
 		}
 		d.replies[r], replies = replies[0], replies[1:]
@@ -527,10 +530,10 @@ func (d *decision) derive() {
 	d.allowed, d.refused = true, 0
 	for i := range d.spans {
 		s := &d.spans[i]
-		allowed := d.replies[s.req].allowed
+		allowed := d.replies[s.req].Allowed
 		counted := allowed && !look
 		var added int64
-		if d.deniedCounted && !allowed && !look && d.reqs[s.req].mode == modeCountDenied && !d.never(s.req) {
+		if d.deniedCounted && !allowed && !look && d.reqs[s.req].Mode == script.ModeCountDenied && !d.never(s.req) {
 			added = max(0, min(d.cost, s.rate-s.seen[0])) // as the script adds
 		}
 		want := s.want(n)
@@ -566,8 +569,8 @@ func (d *decision) derive() {
 // never reports whether some limit of request i can never admit its cost:
 // then a denial of it is counted nowhere, as the script does.
 func (d *decision) never(i int) bool {
-	for _, a := range d.reqs[i].limits {
-		if d.reqs[i].cost > a.rate {
+	for _, a := range d.reqs[i].Limits {
+		if d.reqs[i].Cost > a.Rate {
 			return true
 		}
 	}

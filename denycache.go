@@ -3,6 +3,8 @@
 
 package ratelimit
 
+import "github.com/slidingwindow/ratelimit/internal/script"
+
 // denyCache remembers, per id and limit window, the counts Redis last
 // reported for a client that Redis denied, so that the same client's next
 // requests can be denied without a round trip.
@@ -38,7 +40,7 @@ func (c *denyCache) deny(id string, d *decision) bool {
 	if len(d.reqs) != 1 {
 		return false
 	}
-	cost := d.reqs[0].cost
+	cost := d.reqs[0].Cost
 	denied := false
 	for i := range d.spans {
 		s := &d.spans[i]
@@ -66,7 +68,7 @@ func (c *denyCache) deny(id string, d *decision) bool {
 			s.seen, _ = e.at(s.pos)
 		}
 	}
-	d.replies[0] = reply{}
+	d.replies[0] = script.Reply{}
 	return true
 }
 
@@ -78,10 +80,10 @@ func (c *denyCache) record(id string, d *decision) {
 	}
 	for i := range d.spans {
 		s := &d.spans[i]
-		allowed := d.replies[s.req].allowed
+		allowed := d.replies[s.req].Allowed
 		seen := s.seen
 		if allowed {
-			seen[0] += s.want(d.reqs[s.req].cost)
+			seen[0] += s.want(d.reqs[s.req].Cost)
 		}
 		over := d.charge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {

@@ -5,7 +5,9 @@ package ratelimit
 
 import (
 	"errors"
-	"strings"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // Errors returned for input that cannot be decided. Each is wrapped with a
@@ -23,7 +25,7 @@ var (
 	// cost below 1 or above 2^53, and by Charge for a cost that would take
 	// a limit's count past 2^53 (the most a count holds exactly), naming
 	// the limit: nothing of that Charge is counted.
-	ErrInvalidCost = errors.New("ratelimit: invalid cost")
+	ErrInvalidCost = script.ErrInvalidCost
 	// ErrNilClient is returned by every method of a Limiter made with a nil
 	// client.
 	ErrNilClient = errors.New("ratelimit: New was given a nil Redis client")
@@ -35,7 +37,7 @@ var (
 // ErrCircuitOpen is wrapped by the error a decision meets while the circuit
 // breaker is open: Redis failed repeatedly, and the decision went to the
 // failure policy at once, without trying Redis.
-var ErrCircuitOpen = errors.New("ratelimit: circuit open after repeated Redis failures")
+var ErrCircuitOpen = transport.ErrCircuitOpen
 
 // ErrEvictionPolicy is wrapped by a warning the error handler gets, with an
 // empty id, when the Limiter reads that a Redis server it uses has a memory
@@ -47,14 +49,14 @@ var ErrCircuitOpen = errors.New("ratelimit: circuit open after repeated Redis fa
 // server of a *redis.Client (of a failover client, the master at that
 // first call; of a Ring, one shard). Where CONFIG is disabled or not
 // granted it says nothing.
-var ErrEvictionPolicy = errors.New("ratelimit: Redis may evict live counts")
+var ErrEvictionPolicy = transport.ErrEvictionPolicy
 
 // ErrBadReply is wrapped by the error returned when the script's reply does
 // not have the shape the Limiter expects, or when a key the request reads
 // holds something that is not a count: a value another program wrote, or a
 // key of another type. Such a request fails alone; the others of the same
 // call are decided as usual.
-var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
+var ErrBadReply = script.ErrBadReply
 
 // Errors returned by Wait and WaitN, besides those of AllowN.
 var (
@@ -67,22 +69,15 @@ var (
 	ErrWaitExceedsDeadline = errors.New("ratelimit: the wait would outlast the context's deadline")
 )
 
-// wrapped says where an error happened, with "ratelimit:" once: its message
-// is context, then the last error's own message without the "ratelimit: "
-// it may start with, so that a FailClosed error over a circuit-open error
-// over a server reads "ratelimit: Redis could not decide (FailClosed):
-// 127.0.0.1:6379: circuit open …", not "ratelimit:" three times over. It
-// unwraps to every error it was given: a sentinel and the cause.
-type wrapped struct {
-	context string  // starts with "ratelimit: "
-	errs    []error // the last is the cause, whose message follows
-}
+// wrap returns errs, the last of them the cause, in context, as every
+// error of the Limiter says where it happened: see transport.Wrap.
+func wrap(context string, errs ...error) error { return transport.Wrap(context, errs...) }
 
-// wrap returns errs, the last of them the cause, in context.
-func wrap(context string, errs ...error) error { return &wrapped{context: context, errs: errs} }
-
-func (w *wrapped) Error() string {
-	return w.context + ": " + strings.TrimPrefix(w.errs[len(w.errs)-1].Error(), "ratelimit: ")
-}
-
-func (w *wrapped) Unwrap() []error { return w.errs }
+// IsOutage reports whether err says Redis itself could not serve: a
+// timeout, a connection that could not be made or was lost, a closed client
+// or exhausted pool, or a reply such as LOADING, BUSY, READONLY,
+// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM or MISCONF. These are
+// the failures a server's circuit breaker counts, but for CLUSTERDOWN and
+// TRYAGAIN. A reply of the wrong shape (ErrBadReply), or a script error
+// caused by one id's data, says Redis is up: IsOutage is false for them.
+func IsOutage(err error) bool { return transport.IsOutage(err) }

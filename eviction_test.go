@@ -48,8 +48,7 @@ func TestEvictionPolicyWarning(t *testing.T) {
 			t.Cleanup(func() { _ = client.Close() })
 			var warned []error
 			l := New(client)
-			l.t.warn = func(err error) { warned = append(warned, err) }
-			l.t.checkEviction(l.t.one) // what the first call starts, here on the test's goroutine
+			l.t.CheckEviction(func(err error) { warned = append(warned, err) }) // what the first call starts, here on the test's goroutine
 			if !tc.warns {
 				require.Empty(t, warned)
 				return

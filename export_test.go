@@ -1,5 +1,7 @@
 package ratelimit
 
+import "github.com/slidingwindow/ratelimit/internal/transport"
+
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits
 
@@ -11,13 +13,13 @@ const (
 
 // FewDeciding is fewDeciding: while no more decisions than that are under
 // way, a batcher sends each alone.
-const FewDeciding = fewDeciding
+const FewDeciding = transport.FewDeciding
 
 // BatchAlways makes l's batchers batch decisions however few are under way,
 // for tests that need calls of several decisions from few goroutines. Call
 // it before l's first decision.
 func BatchAlways(l *Limiter) {
-	l.t.few = 0
+	l.t.BatchAlways()
 }
 
 // IdleSweeps is how many sweeps give back an idle lease.

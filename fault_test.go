@@ -566,8 +566,8 @@ func TestSilentServerManyCallers(t *testing.T) {
 // client that ignores ctx, still running: a decision's, or another
 // command's.
 func watchGoroutines() int {
-	return goroutinesIn("github.com/slidingwindow/ratelimit.(*watchedCall).run") +
-		goroutinesIn("github.com/slidingwindow/ratelimit.watch[")
+	return goroutinesIn("github.com/slidingwindow/ratelimit/internal/transport.(*watchedCall).run") +
+		goroutinesIn("github.com/slidingwindow/ratelimit/internal/transport.Watch[")
 }
 
 // goroutinesIn counts the goroutines running a function whose name starts
@@ -721,7 +721,7 @@ func TestSlowRedisIsSentNothingLate(t *testing.T) {
 			// Nothing the Limiter started is left to send: the batch's
 			// goroutine ends when its call does, and late replies come in.
 			require.Eventually(t, func() bool {
-				return goroutinesIn("github.com/slidingwindow/ratelimit.(*batcher).flush") == 0 && watchGoroutines() == 0
+				return goroutinesIn("github.com/slidingwindow/ratelimit/internal/transport.(*batcher).flush") == 0 && watchGoroutines() == 0
 			}, 10*time.Second, time.Millisecond)
 			proxy.Delay(0)
 			sent := proxy.Sent("evalsha")[before:]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // foreign is something another program left under a key the Limiter reads.
@@ -145,32 +146,29 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f foreign, lim
 			// A batch of five, the bad id in the middle, on one server or
 			// one Cluster master.
 			ids := []string{"a", "b", "bad", "c", "d"}
-			srv, b := l.t.one, (*batcher)(nil)
-			if l.t.cluster != nil {
-				ids = sameMaster(t, l, "bad", limit, 4)
-				node, err := l.t.cluster.MasterForKey(ctx, keys[0])
+			var node *redis.Client
+			if cc, ok := client.(*redis.ClusterClient); ok {
+				ids = sameMaster(t, l, cc, "bad", limit, 4)
+				var err error
+				node, err = cc.MasterForKey(ctx, keys[0])
 				require.NoError(t, err)
-				srv = l.t.newServer(node.Options().Addr, node, true, true)
+			} else {
+				require.True(t, l.t.HasBatcher())
 			}
-			b = srv.batch
-			require.NotNil(t, b)
-			var batch []*pending
+			var batch [][]*script.Request
 			for _, id := range ids {
-				d := l.newTestDecision(id, limit)
-				batch = append(batch, newPending(ctx, ctx, d.reqs))
+				batch = append(batch, l.newTestDecision(id, limit).reqs)
 			}
-			b.send(batch)
-			for i, p := range batch {
-				r := <-p.done
-				require.NoError(t, r.err, "the call itself")
+			for i, r := range l.t.SendBatch(ctx, node, batch) {
+				require.NoError(t, r.Err, "the call itself")
 				if ids[i] == "bad" {
-					require.ErrorIs(t, r.replies[0].err, ErrBadReply)
-					require.ErrorContains(t, r.replies[0].err, limit.String())
-					require.False(t, r.replies[0].allowed)
+					require.ErrorIs(t, r.Replies[0].Err, ErrBadReply)
+					require.ErrorContains(t, r.Replies[0].Err, limit.String())
+					require.False(t, r.Replies[0].Allowed)
 					continue
 				}
-				require.NoError(t, r.replies[0].err, ids[i])
-				require.True(t, r.replies[0].allowed, ids[i])
+				require.NoError(t, r.Replies[0].Err, ids[i])
+				require.True(t, r.Replies[0].Allowed, ids[i])
 			}
 			for _, id := range ids {
 				if id == "bad" {
@@ -188,12 +186,12 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f foreign, lim
 
 // sameMaster returns id and n more ids whose keys for limit are on id's
 // Cluster master, with id in the middle.
-func sameMaster(t *testing.T, l *Limiter, id string, limit Limit, n int) []string {
+func sameMaster(t *testing.T, l *Limiter, cc *redis.ClusterClient, id string, limit Limit, n int) []string {
 	t.Helper()
 	ctx := context.Background()
 	master := func(id string) string {
 		d := l.newTestDecision(id, limit)
-		node, err := l.t.cluster.MasterForKey(ctx, d.reqs[0].keys[0])
+		node, err := cc.MasterForKey(ctx, d.reqs[0].Keys[0])
 		require.NoError(t, err)
 		return node.Options().Addr
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // fuzzEscape spells out the documented escaping of ids and prefixes in
@@ -111,23 +112,23 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int64(-1), int64(math.MaxInt64), int64(math.MinInt64))
 	limit := Limit{Rate: math.MaxInt64 / 1000, Window: time.Second}
 	f.Fuzz(func(t *testing.T, flag, cur, prev int64) {
-		r := &request{cost: 1, nlimits: 1, keys: []string{"a", "b"}, limits: []limitArgs{newLimitArgs(limit, locate(0, limit))}}
-		out := make([]reply, 1)
-		err := decodeReply([]int64{flag, cur, prev}, []*request{r}, out)
+		r := &script.Request{Cost: 1, NLimits: 1, Keys: []string{"a", "b"}, Limits: []script.LimitArgs{newLimitArgs(limit, locate(0, limit))}}
+		out := make([]script.Reply, 1)
+		err := script.Decode([]int64{flag, cur, prev}, []*script.Request{r}, out)
 		if err != nil {
 			t.Fatalf("decodeReply of three values: %v", err)
 		}
 		rep := out[0]
 		valid := (flag == 0 || flag == 1) && cur >= 0 && prev >= 0 && (flag == 0 || cur <= limit.Rate-1-prev)
 		switch {
-		case valid && rep.err != nil:
-			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, rep.err)
-		case !valid && !errors.Is(rep.err, ErrBadReply):
-			t.Fatalf("decode(%d, %d, %d) = %v, %v, %v; want ErrBadReply", flag, cur, prev, rep.allowed, rep.counts, rep.err)
-		case valid && (rep.allowed != (flag == 1) || !slices.Equal(rep.counts, []int64{cur, prev})):
-			t.Fatalf("decode(%d, %d, %d) = %v, %v", flag, cur, prev, rep.allowed, rep.counts)
+		case valid && rep.Err != nil:
+			t.Fatalf("decode(%d, %d, %d): %v", flag, cur, prev, rep.Err)
+		case !valid && !errors.Is(rep.Err, ErrBadReply):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v, %v; want ErrBadReply", flag, cur, prev, rep.Allowed, rep.Counts, rep.Err)
+		case valid && (rep.Allowed != (flag == 1) || !slices.Equal(rep.Counts, []int64{cur, prev})):
+			t.Fatalf("decode(%d, %d, %d) = %v, %v", flag, cur, prev, rep.Allowed, rep.Counts)
 		}
-		if err := decodeReply([]int64{flag, cur}, []*request{r}, out); !errors.Is(err, ErrBadReply) {
+		if err := script.Decode([]int64{flag, cur}, []*script.Request{r}, out); !errors.Is(err, ErrBadReply) {
 			t.Fatalf("a reply of two values: %v, want ErrBadReply", err)
 		}
 	})

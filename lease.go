@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // leaseTable holds this process's leases of Leased limits: units counted in
@@ -76,7 +78,7 @@ func (t *leaseTable) queue(g pendingGive) {
 	if len(t.pending) < maxLeases {
 		t.pending = append(t.pending, g)
 	} else {
-		t.lost.Add(-g.req.cost)
+		t.lost.Add(-g.req.Cost)
 	}
 	t.start()
 }
@@ -86,7 +88,7 @@ func (t *leaseTable) queue(g pendingGive) {
 type pendingGive struct {
 	id  string
 	p   position
-	req *request
+	req *script.Request
 }
 
 const (
@@ -179,8 +181,8 @@ func (t *leaseTable) serve(id string, asks []leaseAsk, n int64, look bool, grant
 // grants, one per ask, with what the lease held and what to ask Redis to
 // count and to lease. It returns the give-backs of leases whose window has
 // passed, for the same call.
-func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGrant) []*request {
-	var gives []*request
+func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGrant) []*script.Request {
+	var gives []*script.Request
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range asks {
@@ -188,7 +190,7 @@ func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGra
 		e := t.entry(id, a.pos)
 		if !e.current(a.pos, a.rate) {
 			if e.left > 0 && e.key != "" {
-				gives = append(gives, giveBack(e.left, e.key))
+				gives = append(gives, script.GiveBack(e.left, e.key))
 				t.forgetDenial(id, a.pos)
 				if e.left > e.size/2 { // expired unused: ask for less
 					e.size = max(1, e.size/2)
@@ -242,7 +244,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 func (t *leaseTable) drop(k leaseKey, e *lease) {
 	delete(t.entries, k)
 	if e.left > 0 && e.key != "" {
-		t.queue(pendingGive{k.id, position{w: k.w, subs: k.subs}, giveBack(e.left, e.key)})
+		t.queue(pendingGive{k.id, position{w: k.w, subs: k.subs}, script.GiveBack(e.left, e.key)})
 	}
 }
 
@@ -267,10 +269,10 @@ func (t *leaseTable) settle(id string, asks []leaseAsk, grants []leaseGrant, ans
 			t.restore(id, e, a, g.held)
 			continue
 		}
-		extra := granted(g.need, g.most, a.rate, a.pos.estimate(&r.seen)) - g.need
+		extra := script.Granted(g.need, g.most, a.rate, a.pos.estimate(&r.seen)) - g.need
 		if !e.current(a.pos, a.rate) {
 			if extra > 0 {
-				t.queue(pendingGive{id, a.pos, giveBack(extra, a.key)})
+				t.queue(pendingGive{id, a.pos, script.GiveBack(extra, a.key)})
 			}
 			continue
 		}
@@ -294,13 +296,13 @@ func (t *leaseTable) restore(id string, e *lease, a *leaseAsk, units int64) {
 		e.key = a.key // the entry may be new, and must give them back in time
 		return
 	}
-	t.queue(pendingGive{id, a.pos, giveBack(units, a.key)})
+	t.queue(pendingGive{id, a.pos, script.GiveBack(units, a.key)})
 }
 
 // later leaves gives, the give-backs of a decision of id that sends nothing,
 // to the sweeper. Their positions do not matter: a decision gives back
 // only leases whose window has passed, and has forgotten their denials.
-func (t *leaseTable) later(id string, gives []*request) {
+func (t *leaseTable) later(id string, gives []*script.Request) {
 	if len(gives) == 0 {
 		return
 	}
@@ -315,16 +317,16 @@ func (t *leaseTable) later(id string, gives []*request) {
 // their replies, and reports those that failed alone (a key that holds no
 // count); all are lost when the call failed (err), which its decision
 // reports.
-func (t *leaseTable) gaveBack(ctx context.Context, id string, gives []*request, replies []reply, err error) {
+func (t *leaseTable) gaveBack(ctx context.Context, id string, gives []*script.Request, replies []script.Reply, err error) {
 	for i, g := range gives {
 		switch {
 		case err != nil:
-			t.lost.Add(-g.cost)
-		case replies[i].err != nil:
-			t.lost.Add(-g.cost)
-			t.l.onError(ctx, id, wrap("ratelimit: giving back a lease", replies[i].err))
+			t.lost.Add(-g.Cost)
+		case replies[i].Err != nil:
+			t.lost.Add(-g.Cost)
+			t.l.onError(ctx, id, wrap("ratelimit: giving back a lease", replies[i].Err))
 		default:
-			t.givenBack.Add(-g.cost)
+			t.givenBack.Add(-g.Cost)
 		}
 	}
 }
@@ -342,8 +344,8 @@ func (t *leaseTable) forgetDenial(id string, p position) {
 // for the charge's call: units counted before the charge must not serve
 // after it, which may have pushed the count over. What a decision has in
 // flight from them goes back when it settles (see restore).
-func (t *leaseTable) drain(id string, at []position) []*request {
-	var gives []*request
+func (t *leaseTable) drain(id string, at []position) []*script.Request {
+	var gives []*script.Request
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range at {
@@ -354,7 +356,7 @@ func (t *leaseTable) drain(id string, at []position) []*request {
 		}
 		delete(t.entries, k)
 		if e.left > 0 && e.key != "" {
-			gives = append(gives, giveBack(e.left, e.key))
+			gives = append(gives, script.GiveBack(e.left, e.key))
 			t.forgetDenial(id, p)
 		}
 	}
@@ -374,7 +376,7 @@ func (t *leaseTable) forget(id string, p position, keys []string) {
 		delete(t.entries, k)
 	}
 	t.pending = slices.DeleteFunc(t.pending, func(g pendingGive) bool {
-		return g.id == id && slices.Contains(keys, g.req.keys[0])
+		return g.id == id && slices.Contains(keys, g.req.Keys[0])
 	})
 }
 
@@ -443,17 +445,17 @@ func (t *leaseTable) send(g pendingGive) {
 	if g.p.w > 0 {
 		t.forgetDenial(g.id, g.p)
 	}
-	var out [1]reply
-	err := t.l.t.do(context.Background(), []*request{g.req}, out[:])
+	var out [1]script.Reply
+	err := t.l.t.Do(context.Background(), []*script.Request{g.req}, out[:])
 	if err == nil {
-		err = out[0].err
+		err = out[0].Err
 	}
 	if err != nil {
-		t.lost.Add(-g.req.cost)
+		t.lost.Add(-g.req.Cost)
 		t.l.onError(context.Background(), g.id, wrap("ratelimit: giving back a lease", err))
 		return
 	}
-	t.givenBack.Add(-g.req.cost)
+	t.givenBack.Add(-g.req.Cost)
 }
 
 // held returns how many leases the table holds, and their units.

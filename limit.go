@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
@@ -258,7 +259,7 @@ func validate(id string, limit Limit, n int64) error {
 	if n < 1 {
 		return fmt.Errorf("%w: cost %d is below 1", ErrInvalidCost, n)
 	}
-	if n > maxCount {
+	if n > script.MaxCount {
 		return fmt.Errorf("%w: cost %d is above 2^53, the most a count holds", ErrInvalidCost, n)
 	}
 	return nil

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // InfDuration is the RetryAfter of a request that would never be allowed:
@@ -140,9 +142,9 @@ type Limiter struct {
 	countDenied int64 // 1 with WithCountDenied
 	observer    Observer
 	observeIDs  bool
-	t           *transport    // nil for a nil client
-	denied      *denyCache    // nil unless WithDenyCache
-	local       *localWindows // nil unless FailLocal
+	t           *transport.Transport // nil for a nil client
+	denied      *denyCache           // nil unless WithDenyCache
+	local       *localWindows        // nil unless FailLocal
 	leases      *leaseTable
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
@@ -184,7 +186,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		sleep:      sleepCtx,
 	}
 	if cfg.countDenied {
-		l.countDenied = modeCountDenied
+		l.countDenied = script.ModeCountDenied
 	}
 	l.leases = newLeaseTable(l)
 	if cfg.denyMax > 0 && !cfg.countDenied {
@@ -197,7 +199,14 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		l.onError = newLogHandler(time.Now).handle // real time: WithClock's may stand still
 	}
 	if !isNil(client) {
-		l.t = newTransport(client, &cfg, func(err error) { l.onError(context.Background(), "", err) })
+		l.t = transport.New(client, transport.Config{
+			Script:          slidingWindowSource,
+			Timeout:         cfg.timeout,
+			MaxBatch:        cfg.batchMax,
+			BreakerFailures: cfg.breakerFailures,
+			BreakerCooldown: cfg.breakerCooldown,
+			Warn:            func(err error) { l.onError(context.Background(), "", err) },
+		})
 	}
 	return l
 }
@@ -286,9 +295,7 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	}
 	pos := locate(l.now().UnixMilli(), limit)
 	keys := l.appendKeys(nil, id, pos)
-	_, err := run(ctx, l.t, func(ctx context.Context) (int64, error) {
-		return l.t.client.Del(ctx, keys...).Result()
-	})
+	err := l.t.Delete(ctx, keys...)
 	if l.denied != nil {
 		l.denied.forget(id, pos)
 	}
@@ -325,7 +332,7 @@ type Stats struct {
 func (l *Limiter) Stats() Stats {
 	var s Stats
 	if l.t != nil {
-		s.BreakerOpen = l.t.breakerOpen()
+		s.BreakerOpen = l.t.BreakerOpen()
 	}
 	if l.denied != nil {
 		s.DenyCacheEntries = l.denied.table.size()

@@ -5,6 +5,8 @@ package ratelimit
 import (
 	"encoding/binary"
 	"hash/maphash"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // localWindows decides requests in this process while Redis cannot, for
@@ -40,7 +42,7 @@ func (w *localWindows) decide(id string, d *decision) {
 	key := w.key(id)
 	n := max(d.cost, 1) // a look is asked as for a cost of 1
 	for i := range d.replies {
-		d.replies[i] = reply{allowed: d.cost > 0}
+		d.replies[i] = script.Reply{Allowed: d.cost > 0}
 	}
 	shard := w.table.lock(key)
 	for i := range d.spans {
@@ -56,12 +58,12 @@ func (w *localWindows) decide(id string, d *decision) {
 			s.seen, _ = e.at(s.pos)
 		}
 		if s.pos.estimate(&s.seen)+n > s.rate {
-			d.replies[s.req].allowed = false
+			d.replies[s.req].Allowed = false
 		}
 	}
 	for i := range d.spans {
 		s := &d.spans[i]
-		if !d.replies[s.req].allowed {
+		if !d.replies[s.req].Allowed {
 			continue
 		}
 		c := s.seen

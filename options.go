@@ -260,6 +260,12 @@ func WithReplicas(n int) Option {
 	return optionFunc(func(c *config) { c.replicas = max(1, n) })
 }
 
+// Breaker defaults: see WithCircuitBreaker.
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = time.Second
+)
+
 // WithCircuitBreaker stops sending decisions to a Redis that keeps failing:
 // after failures consecutive failed script calls, it opens, and for cooldown
 // every decision goes to the failure policy at once, in microseconds, with

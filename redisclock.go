@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // defaultSyncInterval is how often a RedisClock asks Redis for its time
@@ -168,11 +169,11 @@ func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *Redi
 		c.onError = (&syncLog{clock: c}).handle
 	}
 	if client != nil {
-		c.ctxAware = honoursContext(client)
+		c.ctxAware = transport.HonoursContext(client)
 	}
 	c.last.Store(math.MinInt64)
 	if client == nil || c.interval <= 0 {
-		c.cancel = noCancel
+		c.cancel = func() {}
 		close(c.done)
 		return c
 	}
@@ -222,7 +223,7 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 	if c.ctxAware {
 		rt, err = c.client.Time(ctx).Result()
 	} else {
-		rt, err = watch(ctx, func(ctx context.Context) (time.Time, error) {
+		rt, err = transport.Watch(ctx, func(ctx context.Context) (time.Time, error) {
 			return c.client.Time(ctx).Result()
 		})
 	}

@@ -16,11 +16,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
+
+// decider is the script every decision sends.
+var decider = script.NewScript(slidingWindowSource, false)
 
 // bareIncr is the cheapest script a counter can be: INCR, then PEXPIRE.
 // The script's cost is weighed against it.
-var bareIncr = newScript("redis.call('INCR', KEYS[1])\nredis.call('PEXPIRE', KEYS[1], ARGV[1])\nreturn 1")
+var bareIncr = script.NewScript("redis.call('INCR', KEYS[1])\nredis.call('PEXPIRE', KEYS[1], ARGV[1])\nreturn 1", false)
 
 // scriptCase is one kind of script call whose cost in Redis
 // BenchmarkScriptCost measures.
@@ -136,10 +140,10 @@ func benchScriptCase(b *testing.B, client *redis.Client, tc scriptCase) float64 
 		if err != nil {
 			b.Fatal(err)
 		}
-		measured = newScript(string(src))
+		measured = script.NewScript(string(src), false)
 	}
-	for _, sc := range []*script{decider, bareIncr, measured} {
-		if err := client.ScriptLoad(ctx, sc.src.(string)).Err(); err != nil {
+	for _, sc := range []*script.Script{decider, bareIncr, measured} {
+		if err := client.ScriptLoad(ctx, sc.Src.(string)).Err(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -190,22 +194,22 @@ func benchScriptCase(b *testing.B, client *redis.Client, tc scriptCase) float64 
 
 // scriptCall queues call c of tc on pipe, of sc: the library's own arguments for
 // tc.batch requests on successive ids.
-func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *script, tc scriptCase, ids []string, c int64) redis.Cmder {
+func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *script.Script, tc scriptCase, ids []string, c int64) redis.Cmder {
 	now := time.Now().UnixMilli()
-	var reqs []*request
+	var reqs []*script.Request
 	for i := range int64(tc.batch) {
 		d := &decision{cost: 1, limits: tc.limits, charge: tc.charge}
 		l.build(d, ids[(c*int64(tc.batch)+i)%int64(len(ids))], now)
 		if tc.refund {
-			d.reqs = []*request{giveBack(1, d.reqs[0].keys[0])}
+			d.reqs = []*script.Request{script.GiveBack(1, d.reqs[0].Keys[0])}
 		}
 		reqs = append(reqs, d.reqs...)
 	}
 	var cmd redis.Cmder
 	if tc.bare {
-		cmd = redis.NewCmd(ctx, "evalsha", bareIncr.sha, 1, reqs[0].keys[0], reqs[0].limits[0].ttl)
+		cmd = redis.NewCmd(ctx, "evalsha", bareIncr.SHA, 1, reqs[0].Keys[0], reqs[0].Limits[0].TTL)
 	} else {
-		cmd = redis.NewCmd(ctx, callArgs(nil, sc, reqs, false, shortCall(reqs, false))...)
+		cmd = redis.NewCmd(ctx, script.AppendCall(nil, sc, reqs, false, script.ShortCall(reqs, false))...)
 	}
 	_ = pipe.Process(ctx, cmd)
 	return cmd
@@ -259,15 +263,15 @@ func BenchmarkOneDecision(b *testing.B) {
 		b.Run("bare-evalsha/"+name, func(b *testing.B) {
 			l := New(client)
 			ctx := context.Background()
-			sha := decider.sha.(string)
-			if err := client.ScriptLoad(ctx, decider.src.(string)).Err(); err != nil {
+			sha := decider.SHA.(string)
+			if err := client.ScriptLoad(ctx, decider.Src.(string)).Err(); err != nil {
 				b.Fatal(err)
 			}
-			values := func(a limitArgs) []any { return []any{a.rate, a.window, a.ttl, int64(1), a.weight} }
+			values := func(a script.LimitArgs) []any { return []any{a.Rate, a.Window, a.TTL, int64(1), a.Weight} }
 			a := newLimitArgs(limit, locate(time.Now().UnixMilli(), limit))
-			r := &request{cost: 1, nlimits: 1, limits: []limitArgs{a}, keys: []string{"a", "b"}}
+			r := &script.Request{Cost: 1, NLimits: 1, Limits: []script.LimitArgs{a}, Keys: []string{"a", "b"}}
 			var sent []any
-			for _, v := range callArgs(nil, decider, []*request{r}, false, true)[5:] {
+			for _, v := range script.AppendCall(nil, decider, []*script.Request{r}, false, true)[5:] {
 				sent = append(sent, *v.(*int64))
 			}
 			if !slices.Equal(sent, values(a)) {
@@ -280,7 +284,7 @@ func BenchmarkOneDecision(b *testing.B) {
 				a := newLimitArgs(limit, pos)
 				// values(a), written out so that go-redis boxes them as a
 				// caller's literal arguments
-				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), a.rate, a.window, a.ttl, 1, a.weight).Int64()
+				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), a.Rate, a.Window, a.TTL, 1, a.Weight).Int64()
 				if err != nil || v&1 != 1 {
 					b.Fatal("not allowed:", v, err)
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // The short form packs a request's counts in one integer only while both
@@ -48,21 +49,21 @@ func TestShortFormWideCounts(t *testing.T) {
 			}
 			for _, ids := range [][]string{{"wide"}, {"narrow", "wide", "new"}} {
 				t.Run(fmt.Sprint(len(ids), " requests"), func(t *testing.T) {
-					var reqs []*request
+					var reqs []*script.Request
 					for _, id := range ids {
 						reqs = append(reqs, l.newTestDecision(id, limit).reqs...)
 					}
-					require.True(t, shortCall(reqs, false), "the call is in the short form")
-					out := make([]reply, len(reqs))
-					require.NoError(t, l.t.call(ctx, client, decider, reqs, out))
+					require.True(t, script.ShortCall(reqs, false), "the call is in the short form")
+					out := make([]script.Reply, len(reqs))
+					require.NoError(t, l.t.Call(ctx, reqs, out))
 					for i, id := range ids {
-						require.NoError(t, out[i].err, id)
-						require.True(t, out[i].allowed, id)
+						require.NoError(t, out[i].Err, id)
+						require.True(t, out[i].Allowed, id)
 						c := stored[id]
-						require.Equal(t, c[:], out[i].counts, "%s: its counts before the request", id)
+						require.Equal(t, c[:], out[i].Counts, "%s: its counts before the request", id)
 						c[0]++
 						stored[id] = c
-						got, err := client.Get(ctx, reqs[i].keys[0]).Int64()
+						got, err := client.Get(ctx, reqs[i].Keys[0]).Int64()
 						require.NoError(t, err)
 						require.Equal(t, c[0], got, "%s counted once", id)
 					}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/stretchr/testify/require"
 )
 
@@ -43,7 +44,7 @@ func TestLongIDs(t *testing.T) {
 	d := &decision{cost: 1, limits: []Limit{PerSecond(1)}}
 	(&Limiter{keyPrefix: keyPrefixFor("t")}).build(d, long, 0)
 	d.spans[0].seen = counts{5}
-	d.replies[0] = reply{}
+	d.replies[0] = script.Reply{}
 	c.record(long, d)
 	require.Zero(t, c.table.size())
 

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/redistest"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // callSizes is a go-redis hook that records, for each script call, how
@@ -49,8 +49,8 @@ func (h *callSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // No call exceeds what Redis's Lua can take: 3,000 concurrent AllowAll
 // calls of MaxLimits strict limits (176 keys each) on distinct ids are all
-// decided by Redis, in batched calls that each hold at most maxCallKeys
-// keys and maxCallValues values. Before calls were bounded by keys, 64
+// decided by Redis, in batched calls that each hold at most transport.MaxCallKeys
+// keys and transport.MaxCallValues values. Before calls were bounded by keys, 64
 // such requests made a call of 11,264 keys, and Redis failed it with "too
 // many results to unpack".
 func TestLargeBatchesFitOneCall(t *testing.T) {
@@ -88,8 +88,8 @@ func TestLargeBatchesFitOneCall(t *testing.T) {
 	defer hook.mu.Unlock()
 	most, total := 0, 0
 	for i, keys := range hook.keys {
-		require.LessOrEqual(t, keys, maxCallKeys, "call %d", i)
-		require.LessOrEqual(t, hook.values[i], maxCallValues, "call %d", i)
+		require.LessOrEqual(t, keys, transport.MaxCallKeys, "call %d", i)
+		require.LessOrEqual(t, hook.values[i], transport.MaxCallValues, "call %d", i)
 		most, total = max(most, hook.reqs[i]), total+hook.reqs[i]
 	}
 	require.Equal(t, callers, total, "every request went to Redis once")
@@ -106,7 +106,6 @@ func TestServerWithoutScripting(t *testing.T) {
 	l := New(client, WithFailurePolicy(FailClosed), WithTimeout(time.Minute), WithErrorHandler(func(context.Context, string, error) {}))
 	_, err := l.Allow(context.Background(), "id", PerSecond(1))
 	require.ErrorIs(t, err, ErrUnavailable)
-	require.ErrorIs(t, err, errNoScripting)
 	require.ErrorContains(t, err, "does not run Lua scripts")
 	require.ErrorContains(t, err, "unknown command")
 	require.False(t, IsOutage(err), "a server without scripting is up: it opens no breaker")
@@ -135,95 +134,6 @@ func argString(a any) string {
 		return *a
 	}
 	return fmt.Sprint(a)
-}
-
-// A decision whose ctx is never canceled gets a tickCtx: its deadline is the
-// timeout rounded up to a tick, its values are the caller's, decisions of
-// one tick share its Done (those of context.Background its tickCtx), and
-// Done closes at the deadline, Err then saying so.
-func TestTickDeadline(t *testing.T) {
-	t.Parallel()
-	const timeout = 20 * time.Millisecond
-	tr := &transport{timeout: timeout, epoch: time.Now()}
-	type key struct{}
-	caller := context.WithValue(context.Background(), key{}, "v")
-	before := time.Now()
-	ctx, cancel, ours := tr.deadline(caller)
-	defer cancel()
-	require.True(t, ours)
-	require.IsType(t, &tickCtx{}, ctx)
-	d, ok := ctx.Deadline()
-	require.True(t, ok)
-	require.False(t, d.Before(before.Add(timeout)), "the deadline is at least the timeout away")
-	require.Less(t, time.Until(d), timeout+tickLen(timeout), "and at most a tick more")
-	require.Equal(t, "v", ctx.Value(key{}))
-	long, cancelLong, _ := (&transport{timeout: time.Hour, epoch: time.Now()}).deadline(caller)
-	defer cancelLong()
-	require.NoError(t, long.Err(), "before its deadline")
-
-	// Within a few decisions, two fall in one tick and share it.
-	shared := false
-	for range 1000 {
-		a, _, _ := tr.deadline(caller)
-		b, _, _ := tr.deadline(caller)
-		da, _ := a.Deadline()
-		db, _ := b.Deadline()
-		if da.Equal(db) {
-			require.Equal(t, a.Done(), b.Done())
-			shared = true
-			break
-		}
-	}
-	require.True(t, shared, "no two decisions fell in one tick")
-	// Those of context.Background share the tick's own tickCtx.
-	shared = false
-	for range 1000 {
-		a, _, _ := tr.deadline(context.Background())
-		b, _, _ := tr.deadline(context.Background())
-		if da, _ := a.Deadline(); da.Equal(ctxDeadline(b)) {
-			require.Same(t, a, b)
-			require.Nil(t, a.Value(key{}))
-			shared = true
-			break
-		}
-	}
-	require.True(t, shared, "no two decisions of context.Background fell in one tick")
-
-	select {
-	case <-ctx.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("Done did not close")
-	}
-	require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded)
-	require.False(t, time.Now().Before(d), "Done closed before the deadline")
-	require.True(t, expired(ctx))
-
-	// A timeout too long for ticks, up to the longest there is, gets a
-	// deadline of its own, not one in the past.
-	for _, d := range []time.Duration{maxTickTimeout + time.Nanosecond, math.MaxInt64} {
-		huge, cancelHuge, _ := (&transport{timeout: d, epoch: time.Now()}).deadline(caller)
-		defer cancelHuge()
-		require.NoError(t, huge.Err(), "timeout %v", d)
-		until, ok := huge.Deadline()
-		require.True(t, ok)
-		require.True(t, until.After(time.Now().Add(time.Minute)), "timeout %v: deadline %v", d, until)
-	}
-
-	// A ctx that can be canceled keeps its own Done.
-	parent, stop := context.WithCancel(context.Background())
-	ctx, cancel, ours = tr.deadline(parent)
-	defer cancel()
-	require.True(t, ours)
-	_, isTick := ctx.(*tickCtx)
-	require.False(t, isTick)
-	stop()
-	require.ErrorIs(t, ctx.Err(), context.Canceled)
-}
-
-// ctxDeadline returns ctx's deadline.
-func ctxDeadline(ctx context.Context) time.Time {
-	d, _ := ctx.Deadline()
-	return d
 }
 
 // gatedCalls is a go-redis hook that, while armed, holds each script call

@@ -1,7 +1,7 @@
 // The circuit breaker of one server, and which Redis errors it counts
 // (IsOutage).
 
-package ratelimit
+package transport
 
 import (
 	"context"
@@ -13,12 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Breaker defaults: see WithCircuitBreaker.
-const (
-	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = time.Second
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // breaker stops sending decisions to a Redis that keeps failing. Closed, it
@@ -105,13 +100,8 @@ var unavailableReplies = []string{
 	"NOREPLICAS", "OOM", "MISCONF", "max number of clients reached",
 }
 
-// IsOutage reports whether err says Redis itself could not serve: a
-// timeout, a connection that could not be made or was lost, a closed client
-// or exhausted pool, or a reply such as LOADING, BUSY, READONLY,
-// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM or MISCONF. These are
-// the failures a server's circuit breaker counts, but for CLUSTERDOWN and
-// TRYAGAIN. A reply of the wrong shape (ErrBadReply), or a script error
-// caused by one id's data, says Redis is up: IsOutage is false for them.
+// IsOutage is the root's IsOutage: whether err says Redis itself could
+// not serve.
 func IsOutage(err error) bool {
 	if err == nil {
 		return false
@@ -123,7 +113,7 @@ func IsOutage(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted):
 		return true
-	case errors.Is(err, ErrBadReply):
+	case errors.Is(err, script.ErrBadReply):
 		return false
 	}
 	for _, prefix := range unavailableReplies {

@@ -1,7 +1,7 @@
 // The batcher: concurrent decisions for one server waiting for, and sent
 // in, one script call.
 
-package ratelimit
+package transport
 
 import (
 	"context"
@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
 // batcher decides concurrent decisions for one server together: while
 // script calls are in flight (at most maxInFlight), the decisions that
 // arrive wait, then go in the next call, as many requests as maxBatch and
-// within the bounds of one call (maxCallKeys, maxCallValues). Redis spends
+// within the bounds of one call (MaxCallKeys, MaxCallValues). Redis spends
 // most of a script call's time on invoking the script, not on the few reads
 // and writes inside it, so one call for many requests is most of the gain;
 // the round trips saved are the rest.
@@ -36,7 +37,7 @@ import (
 // callers still wait, and it lasts until the latest of their deadlines. The
 // circuit breaker is asked before each call.
 //
-// At most maxQueue requests, of queuedCalls × maxCallKeys keys, wait: about
+// At most maxQueue requests, of queuedCalls × MaxCallKeys keys, wait: about
 // queuedCalls calls' worth. Past that, a decision waits for room on
 // its caller's goroutine, within its own deadline, and goes to the failure
 // policy if that passes first: a burst that a healthy Redis drains in a few
@@ -52,7 +53,7 @@ import (
 // there is one per master, and its batches declare that their keys span
 // slots (Redis 7's allow-cross-slot-keys).
 type batcher struct {
-	t        *transport
+	t        *Transport
 	srv      *server
 	cross    bool // batches go to one Cluster master's own client, across slots
 	maxBatch int  // requests per call
@@ -91,17 +92,17 @@ const queuedCalls = 16
 type pending struct {
 	leave        context.Context // done when its caller stops waiting
 	wire         context.Context // its call's: the Limiter's deadline, the caller's values
-	reqs         []*request
+	reqs         []*script.Request
 	keys, values int // what its requests add to a call
 	done         chan batchReply
 }
 
 // newPending returns a pending decision of reqs whose caller waits until
 // leave is done, and whose call is bounded by wire (see transport.do).
-func newPending(leave, wire context.Context, reqs []*request) *pending {
+func newPending(leave, wire context.Context, reqs []*script.Request) *pending {
 	p := &pending{leave: leave, wire: wire, reqs: reqs, done: make(chan batchReply, 1)}
 	for _, r := range reqs {
-		k, v := r.callSize()
+		k, v := r.CallSize()
 		p.keys, p.values = p.keys+k, p.values+v
 	}
 	return p
@@ -111,7 +112,7 @@ func newPending(leave, wire context.Context, reqs []*request) *pending {
 // which the batch no longer touches; or errUnsent, for a decision dropped
 // unsent because its caller left.
 type batchReply struct {
-	replies []reply
+	replies []script.Reply
 	err     error
 }
 
@@ -122,8 +123,8 @@ var errUnsent = errors.New("ratelimit: not sent: its caller left")
 // decide sends reqs, one decision's requests, in a batch and stores their
 // replies in out, or returns when leave is done first (see exchange); the
 // requests may then still be decided, and counted, by a call already under
-// way, which tells the callerLeft it returns if it fails.
-func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []reply) error {
+// way, which tells the CallerLeft it returns if it fails.
+func (b *batcher) decide(leave, wire context.Context, reqs []*script.Request, out []script.Reply) error {
 	few := b.deciding.Add(1) <= int64(b.t.few)
 	defer b.deciding.Add(-1)
 	b.mu.Lock()
@@ -133,7 +134,7 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []rep
 			// goroutine, through the client itself.
 			b.sending++
 			b.mu.Unlock()
-			err := b.t.exchange(leave, wire, b.srv, b.t.client, decider, reqs, out)
+			err := b.t.exchange(leave, wire, b.srv, b.t.client, b.t.decider, reqs, out)
 			if l := lateOf(err); l != nil {
 				l.then(b.next) // in flight until it ends, its caller gone or not
 			} else {
@@ -180,13 +181,13 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*request, out []rep
 	if leave == wire {
 		return wire.Err()
 	}
-	gone := &callerLeft{err: leave.Err(), late: &late{}}
+	gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
 	go func() { // until its call, if it is in one, ends: one that was made
 		var err error
 		if r := <-p.done; r.err != nil && r.err != errUnsent && !errors.Is(r.err, ErrCircuitOpen) {
 			err = b.t.explain(wire, b.srv, r.err)
 		}
-		gone.late.end(err)
+		gone.Late.end(err)
 	}()
 	return gone
 }
@@ -197,17 +198,17 @@ func (b *batcher) unsent(leave, wire context.Context) error {
 	if leave == wire {
 		return ctxErr(wire)
 	}
-	return &callerLeft{err: ctxErr(leave)}
+	return &CallerLeft{err: ctxErr(leave)}
 }
 
 // fits reports whether reqs fit in the queue; b.mu is held. An empty queue
 // takes any decision.
-func (b *batcher) fits(reqs []*request) bool {
+func (b *batcher) fits(reqs []*script.Request) bool {
 	keys := 0
 	for _, r := range reqs {
-		keys += len(r.keys)
+		keys += len(r.Keys)
 	}
-	return len(b.queue) == 0 || b.waiting+len(reqs) <= b.maxQueue && b.keys+keys <= queuedCalls*maxCallKeys
+	return len(b.queue) == 0 || b.waiting+len(reqs) <= b.maxQueue && b.keys+keys <= queuedCalls*MaxCallKeys
 }
 
 // prune drops the waiting decisions whose callers have left; b.mu is held.
@@ -274,7 +275,7 @@ func (b *batcher) take() []*pending {
 			p.done <- batchReply{err: errUnsent}
 			continue
 		}
-		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > maxCallKeys || values+p.values > maxCallValues) {
+		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > MaxCallKeys || values+p.values > MaxCallValues) {
 			break
 		}
 		batch = append(batch, p)
@@ -306,15 +307,15 @@ func (b *batcher) take() []*pending {
 func (b *batcher) send(batch []*pending) {
 	ctx, cancel := callContext(batch)
 	defer cancel()
-	var reqs []*request
+	var reqs []*script.Request
 	for _, p := range batch {
 		reqs = append(reqs, p.reqs...)
 	}
-	out := make([]reply, len(reqs))
-	c, sc := b.t.client, decider
+	out := make([]script.Reply, len(reqs))
+	c, sc := b.t.client, b.t.decider
 	cross := b.cross && len(batch) > 1
 	if cross {
-		c, sc = b.srv.client, crossSlotDecider
+		c, sc = b.srv.client, b.t.crossSlot
 	}
 	err := b.t.exchange(ctx, ctx, b.srv, c, sc, reqs, out)
 	if refused, unsupported := refusedBatch(err); cross && (refused || errors.Is(err, redis.ErrClosed)) {
@@ -337,14 +338,14 @@ func (b *batcher) send(batch []*pending) {
 
 // alone sends the requests of p, a decision of a Cluster batch that its
 // master refused, in a call of their own through the Cluster client.
-func (t *transport) alone(p *pending) batchReply {
+func (t *Transport) alone(p *pending) batchReply {
 	if expired(p.leave) {
 		return batchReply{err: errUnsent}
 	}
-	out := make([]reply, len(p.reqs))
-	srv, err := t.serverFor(p.wire, p.wire, p.reqs[0].keys[0])
+	out := make([]script.Reply, len(p.reqs))
+	srv, err := t.serverFor(p.wire, p.wire, p.reqs[0].Keys[0])
 	if err == nil {
-		err = t.exchange(p.wire, p.wire, srv, t.client, decider, p.reqs, out)
+		err = t.exchange(p.wire, p.wire, srv, t.client, t.decider, p.reqs, out)
 	}
 	return batchReply{replies: out, err: err}
 }

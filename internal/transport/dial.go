@@ -1,6 +1,6 @@
 // The dial errors of a client's servers, to name in a timeout's error.
 
-package ratelimit
+package transport
 
 import (
 	"context"

@@ -1,7 +1,7 @@
 // The transport: a decision's requests to their server and back, within
 // the Limiter's timeout, through each server's breaker and batcher.
 
-package ratelimit
+package transport
 
 import (
 	"context"
@@ -12,9 +12,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
-// transport is the one way from a decision to Redis and back. It takes a
+// Transport is the one way from a decision to Redis and back. It takes a
 // call's requests, which it only reads, and hands back each request's reply
 // by value, on the caller's goroutine. Per server (the one server of most
 // clients; each master of a Redis Cluster) it keeps a circuit breaker and a
@@ -22,12 +23,16 @@ import (
 // every call by the Limiter's timeout, counted from the moment the decision
 // reached it, queue and call together, and sends nothing for a caller who
 // has left.
-type transport struct {
-	client   redis.UniversalClient
-	timeout  time.Duration // 0 or less: none
-	ctxAware bool          // the client stops at its ctx deadline by itself
-	maxBatch int           // requests per call; 1 or less: no batching
-	few      int           // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
+type Transport struct {
+	client redis.UniversalClient
+	// decider is the script for the keys of one slot: one decision, or a
+	// batch on a single Redis; crossSlot the same script for a batch of
+	// decisions whose keys are in several slots of one Cluster master.
+	decider, crossSlot *script.Script
+	timeout            time.Duration // 0 or less: none
+	ctxAware           bool          // the client stops at its ctx deadline by itself
+	maxBatch           int           // requests per call; 1 or less: no batching
+	few                int           // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -71,12 +76,12 @@ const (
 
 // Bounds of one script call. Redis's Lua unpacks at most about 8,000 values
 // at once (the script's MGET takes every key of the call), and a call runs
-// alone in Redis while it lasts; a call of maxCallKeys keys takes well under
-// a millisecond. maxCallValues bounds the command's length, keys and
+// alone in Redis while it lasts; a call of MaxCallKeys keys takes well under
+// a millisecond. MaxCallValues bounds the command's length, keys and
 // arguments together.
 const (
-	maxCallKeys   = 1024
-	maxCallValues = 4096
+	MaxCallKeys   = 1024
+	MaxCallValues = 4096
 )
 
 // reloadEvery is how often, at most, a Cluster client is told to reload its
@@ -85,19 +90,40 @@ const (
 // of a second of the promotion, seldom enough to cost the cluster nothing.
 const reloadEvery = 250 * time.Millisecond
 
-func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *transport {
-	t := &transport{
+// Config is what a Transport is made with: the Limiter's options that bear
+// on its calls.
+type Config struct {
+	// Script is the source of the script that decides.
+	Script string
+	// Timeout bounds each call, queue and call together; 0 or less: none.
+	Timeout time.Duration
+	// MaxBatch is the most requests of one call; 1 or less: no batching.
+	MaxBatch int
+	// BreakerFailures consecutive failures open a server's breaker for
+	// BreakerCooldown; 0 failures: no breaker.
+	BreakerFailures int
+	BreakerCooldown time.Duration
+	// Warn is told what is wrong without failing a call: a server whose
+	// eviction policy deletes live counts (ErrEvictionPolicy).
+	Warn func(error)
+}
+
+// New returns the transport of client's calls.
+func New(client redis.UniversalClient, cfg Config) *Transport {
+	t := &Transport{
 		client:          client,
-		timeout:         cfg.timeout,
-		ctxAware:        honoursContext(client),
-		maxBatch:        cfg.batchMax,
+		decider:         script.NewScript(cfg.Script, false),
+		crossSlot:       script.NewScript(cfg.Script, true),
+		timeout:         cfg.Timeout,
+		ctxAware:        HonoursContext(client),
+		maxBatch:        cfg.MaxBatch,
 		few:             fewDeciding,
-		breakerFailures: cfg.breakerFailures,
-		breakerCooldown: cfg.breakerCooldown,
+		breakerFailures: cfg.BreakerFailures,
+		breakerCooldown: cfg.BreakerCooldown,
 		now:             time.Now,
 		epoch:           time.Now(),
 		dials:           dialRecorder(client),
-		warn:            warn,
+		warn:            cfg.Warn,
 	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
@@ -110,7 +136,7 @@ func newTransport(client redis.UniversalClient, cfg *config, warn func(error)) *
 	return t
 }
 
-func (t *transport) newServer(name string, c redis.UniversalClient, batch, cross bool) *server {
+func (t *Transport) newServer(name string, c redis.UniversalClient, batch, cross bool) *server {
 	s := &server{name: name, client: c}
 	if t.breakerFailures > 0 {
 		s.breaker = newBreaker(t.breakerFailures, t.breakerCooldown, t.now)
@@ -129,14 +155,14 @@ func serverName(c *redis.Client) string {
 	return "Sentinel master"
 }
 
-// do sends one decision's requests, at once or in a batch with other
+// Do sends one decision's requests, at once or in a batch with other
 // decisions', and stores each request's reply in out. The Limiter's timeout
 // counts from here, and bounds the call on the wire whatever the caller's
-// own deadline (see wire): a caller who leaves first gets a *callerLeft,
+// own deadline (see wire): a caller who leaves first gets a *CallerLeft,
 // through which a failure of its call is told later.
-func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error {
+func (t *Transport) Do(ctx context.Context, reqs []*script.Request, out []script.Reply) error {
 	if expired(ctx) { // send nothing for a caller who is gone
-		return &callerLeft{err: ctxErr(ctx)}
+		return &CallerLeft{err: ctxErr(ctx)}
 	}
 	wire, cancel, detached := t.wire(ctx)
 	err := t.route(ctx, wire, detached, reqs, out)
@@ -149,17 +175,17 @@ func (t *transport) do(ctx context.Context, reqs []*request, out []reply) error 
 }
 
 // route sends reqs to their server, once do has made wire.
-func (t *transport) route(ctx, wire context.Context, detached bool, reqs []*request, out []reply) error {
+func (t *Transport) route(ctx, wire context.Context, detached bool, reqs []*script.Request, out []script.Reply) error {
 	leave := wire // the caller waits as long as the call's deadline
 	if detached {
 		leave = ctx // or less
 	}
-	srv, err := t.serverFor(leave, wire, reqs[0].keys[0])
+	srv, err := t.serverFor(leave, wire, reqs[0].Keys[0])
 	if err == nil {
 		if b := t.batcherOf(srv); b != nil {
 			err = b.decide(leave, wire, reqs, out)
 		} else {
-			err = t.exchange(leave, wire, srv, t.client, decider, reqs, out)
+			err = t.exchange(leave, wire, srv, t.client, t.decider, reqs, out)
 		}
 	}
 	if err == nil {
@@ -172,19 +198,19 @@ func (t *transport) route(ctx, wire context.Context, detached bool, reqs []*requ
 }
 
 // left returns the error of a decision whose caller's ctx is done: err if it
-// is a *callerLeft already; else one that tells err, a failure of Redis the
+// is a *CallerLeft already; else one that tells err, a failure of Redis the
 // call met while its caller still waited, unless the caller's own ctx ended
 // the call (abandoned), which says nothing of Redis, or no call was made (an
 // open breaker).
-func (t *transport) left(ctx, wire context.Context, srv *server, err error) error {
-	var gone *callerLeft
+func (t *Transport) left(ctx, wire context.Context, srv *server, err error) error {
+	var gone *CallerLeft
 	if errors.As(err, &gone) {
 		return gone
 	}
-	gone = &callerLeft{err: ctxErr(ctx)}
+	gone = &CallerLeft{err: ctxErr(ctx)}
 	if !t.abandoned(wire) && !errors.Is(err, ErrCircuitOpen) { // a call was made, and Redis failed it
-		gone.late = &late{}
-		gone.late.end(t.explain(wire, srv, err))
+		gone.Late = &Late{}
+		gone.Late.end(t.explain(wire, srv, err))
 	}
 	return gone
 }
@@ -194,7 +220,7 @@ func (t *transport) left(ctx, wire context.Context, srv *server, err error) erro
 // loads one first, which its caller waits for until leave is done (see
 // awaitMap): go-redis loads it on the caller's goroutine, bounded by its
 // own timeouts, not by the call's deadline.
-func (t *transport) serverFor(leave, wire context.Context, key string) (*server, error) {
+func (t *Transport) serverFor(leave, wire context.Context, key string) (*server, error) {
 	if t.cluster == nil {
 		return t.one, nil
 	}
@@ -249,9 +275,9 @@ type mapLoad struct {
 // done. One load is in flight at a time; decisions that come while it lasts
 // wait for it; one that has lasted past its bound (a client whose own
 // timeouts never end it) is left to itself, and another starts. A caller
-// who leaves before wire's deadline gets a *callerLeft, told the load's
+// who leaves before wire's deadline gets a *CallerLeft, told the load's
 // failure if it fails by then.
-func (t *transport) awaitMap(leave, wire context.Context) error {
+func (t *Transport) awaitMap(leave, wire context.Context) error {
 	t.mapMu.Lock()
 	m := t.loading
 	if m == nil || time.Since(m.started) > t.mapBound() {
@@ -268,7 +294,7 @@ func (t *transport) awaitMap(leave, wire context.Context) error {
 	if leave == wire {
 		return fmt.Errorf("loading its slot map: %w", wire.Err())
 	}
-	gone := &callerLeft{err: leave.Err(), late: &late{}}
+	gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
 	go func() {
 		var err error
 		select {
@@ -280,7 +306,7 @@ func (t *transport) awaitMap(leave, wire context.Context) error {
 		if err != nil {
 			err = t.explain(wire, nil, err)
 		}
-		gone.late.end(err)
+		gone.Late.end(err)
 	}()
 	return gone
 }
@@ -289,7 +315,7 @@ func (t *transport) awaitMap(leave, wire context.Context) error {
 // timeouts and at most slotMapWait (a client that stops at its ctx's
 // deadline), then ends the load: the next decision without a map starts
 // another.
-func (t *transport) loadMap(m *mapLoad) {
+func (t *Transport) loadMap(m *mapLoad) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.mapBound())
 	defer cancel()
 	if _, err := t.cluster.MasterForKey(ctx, ""); err != nil {
@@ -307,7 +333,7 @@ func (t *transport) loadMap(m *mapLoad) {
 
 // mapBound is how long a load of the slot map may last: the Limiter's
 // timeout, or slotMapWait if that is longer.
-func (t *transport) mapBound() time.Duration { return max(t.timeout, slotMapWait) }
+func (t *Transport) mapBound() time.Duration { return max(t.timeout, slotMapWait) }
 
 // slotMapWait bounds a load of a Cluster client's slot map, on a client
 // that stops at its ctx's deadline, when the Limiter's timeout is shorter:
@@ -316,7 +342,7 @@ const slotMapWait = time.Second
 
 // forgetStale drops the Cluster servers no decision has used for
 // staleServer.
-func (t *transport) forgetStale(now int64) {
+func (t *Transport) forgetStale(now int64) {
 	t.servers.Range(func(addr, v any) bool {
 		if now-v.(*server).used.Load() > int64(staleServer) {
 			t.servers.CompareAndDelete(addr, v)
@@ -326,7 +352,7 @@ func (t *transport) forgetStale(now int64) {
 }
 
 // batcherOf returns the batcher of srv, or nil when its calls go alone.
-func (t *transport) batcherOf(srv *server) *batcher {
+func (t *Transport) batcherOf(srv *server) *batcher {
 	if srv.batch == nil || srv.batch.cross && t.crossOff.Load() {
 		return nil
 	}
@@ -338,10 +364,10 @@ func (t *transport) batcherOf(srv *server) *batcher {
 // success or failure, judged by wire, the call's context. Its caller waits
 // until leave is done: wire itself, or the caller's own ctx when its
 // deadline comes before wire's (see wire). Then a caller who leaves first
-// gets a *callerLeft, and the call goes on to wire's deadline in a
-// goroutine of its own, which tells the breaker, and the callerLeft's late,
+// gets a *CallerLeft, and the call goes on to wire's deadline in a
+// goroutine of its own, which tells the breaker, and the CallerLeft's Late,
 // how it went.
-func (t *transport) exchange(leave, wire context.Context, srv *server, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
 	probe := false
 	if b := srv.breaker; b != nil {
 		ok, p := b.allow()
@@ -358,15 +384,15 @@ func (t *transport) exchange(leave, wire context.Context, srv *server, c redis.U
 		vals, w, callErr := sendWatched(leave, wire, c, sc, reqs)
 		switch {
 		case w != nil && leave != wire: // the caller left before the Limiter's deadline
-			gone := &callerLeft{err: leave.Err(), late: &late{}}
-			go t.judgeLate(w, wire, srv, probe, gone.late)
+			gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
+			go t.judgeLate(w, wire, srv, probe, gone.Late)
 			return gone
 		case w != nil:
 			err = wire.Err()
 		case callErr != nil:
 			err = callErr
 		default:
-			err = decodeReply(vals, reqs, out)
+			err = script.Decode(vals, reqs, out)
 		}
 	}
 	t.judge(wire, srv, probe, err)
@@ -376,7 +402,7 @@ func (t *transport) exchange(leave, wire context.Context, srv *server, c redis.U
 // judge tells srv's breaker how a call that wire bounded went, and has the
 // slot map reloaded after an outage; the first success on a server has its
 // eviction policy checked.
-func (t *transport) judge(wire context.Context, srv *server, probe bool, err error) {
+func (t *Transport) judge(wire context.Context, srv *server, probe bool, err error) {
 	left := err != nil && t.abandoned(wire)
 	if b := srv.breaker; b != nil {
 		switch {
@@ -403,14 +429,14 @@ func (t *transport) judge(wire context.Context, srv *server, probe bool, err err
 // abandoned reports whether a call that wire bounded ended for its caller's
 // sake, not Redis's: wire was canceled (its caller's ctx was), or its
 // deadline, which passed, was the caller's own (no Limiter timeout).
-func (t *transport) abandoned(wire context.Context) bool {
+func (t *Transport) abandoned(wire context.Context) bool {
 	return errors.Is(wire.Err(), context.Canceled) || t.timeout <= 0 && expired(wire)
 }
 
 // judgeLate waits for the end of w, a call whose caller left, or for wire's
 // deadline, whichever comes first, and judges the call by it: a failure goes
 // to the breaker and to l.
-func (t *transport) judgeLate(w *watchedCall, wire context.Context, srv *server, probe bool, l *late) {
+func (t *Transport) judgeLate(w *watchedCall, wire context.Context, srv *server, probe bool, l *Late) {
 	var err error
 	select {
 	case <-w.done:
@@ -429,7 +455,7 @@ func (t *transport) judgeLate(w *watchedCall, wire context.Context, srv *server,
 // out, on this goroutine: with a client that does not stop at ctx's
 // deadline itself, the call goes on in sendWatched's goroutine after it,
 // until the client gives up, and its late reply is dropped there.
-func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request, out []reply) error {
+func (t *Transport) call(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
 	var vals []int64
 	var err error
 	if t.ctxAware || ctx.Done() == nil {
@@ -443,7 +469,7 @@ func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 	if err != nil {
 		return err
 	}
-	return decodeReply(vals, reqs, out)
+	return script.Decode(vals, reqs, out)
 }
 
 // A watchedCall is a script call that a goroutine of its own makes for a
@@ -452,8 +478,8 @@ func (t *transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 type watchedCall struct {
 	ctx  context.Context
 	c    redis.UniversalClient
-	sc   *script
-	reqs []*request
+	sc   *script.Script
+	reqs []*script.Request
 	vals []int64
 	err  error
 	done chan struct{} // buffered: the goroutine never waits for its caller
@@ -475,7 +501,7 @@ func (w *watchedCall) run() {
 // command: it returns the reply, or the call itself if leave is done first,
 // which is then its goroutine's until the client's own timeouts end it: its
 // done receives once, when it ends.
-func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, *watchedCall, error) {
+func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, *watchedCall, error) {
 	w := watchedCalls.Get().(*watchedCall)
 	w.ctx, w.c, w.sc, w.reqs = ctx, c, sc, reqs
 	go w.run()
@@ -492,19 +518,19 @@ func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script
 
 // send makes the script call of sc for reqs on c and returns its reply's
 // integers.
-func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*request) ([]int64, error) {
-	cross := sc == crossSlotDecider
-	short, n := shortCall(reqs, cross), 0
+func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, error) {
+	cross := sc.Cross
+	short, n := script.ShortCall(reqs, cross), 0
 	if short {
 		n = len(reqs)
 	}
 	buf := argLists.Get().(*[]any)
-	if need := callLen(reqs, short); cap(*buf) < need {
+	if need := script.CallLen(reqs, short); cap(*buf) < need {
 		*buf = make([]any, 0, need)
 	}
-	args := callArgs((*buf)[:0], sc, reqs, cross, short)
+	args := script.AppendCall((*buf)[:0], sc, reqs, cross, short)
 	vals, err := eval(ctx, c, sc, args, n)
-	if err == nil && cap(args) <= maxCallValues {
+	if err == nil && cap(args) <= MaxCallValues {
 		clear(args) // nothing kept alive by the list: the requests are the caller's
 		*buf = args[:0]
 		argLists.Put(buf)
@@ -517,7 +543,7 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script, reqs []*requ
 // 16 bytes each. go-redis reads a command's arguments until its reply has
 // been read, and not after; a call that failed may have left its command
 // in go-redis's hands (one whose caller stopped waiting), so its list is
-// not reused; nor is one longer than maxCallValues. (A go-redis hook that
+// not reused; nor is one longer than MaxCallValues. (A go-redis hook that
 // kept a command past its return would see a later call's arguments there.)
 var argLists = sync.Pool{New: func() any { return new([]any) }}
 
@@ -525,7 +551,7 @@ var argLists = sync.Pool{New: func() any { return new([]any) }}
 // what failed: the server, and for a call the Limiter's timeout ended (its
 // context, wire, expired), that timeout and the last dial error the client
 // met on that server.
-func (t *transport) explain(wire context.Context, srv *server, err error) error {
+func (t *Transport) explain(wire context.Context, srv *server, err error) error {
 	name := "Redis Cluster"
 	if srv != nil {
 		name = srv.name
@@ -540,7 +566,7 @@ func (t *transport) explain(wire context.Context, srv *server, err error) error 
 		}
 		return fmt.Errorf("ratelimit: no reply within %v from %s: %w", t.timeout, name, err)
 	}
-	return wrap("ratelimit: "+name, err)
+	return Wrap("ratelimit: "+name, err)
 }
 
 // reload tells a Cluster client to reload its slot map, at most once every
@@ -548,7 +574,7 @@ func (t *transport) explain(wire context.Context, srv *server, err error) error 
 // retry (which the script never gets), and every minute, so that without
 // this the slots of a failed master would stay with it for up to a minute
 // after its replica took over.
-func (t *transport) reload() {
+func (t *Transport) reload() {
 	if t.cluster == nil {
 		return
 	}
@@ -560,9 +586,9 @@ func (t *transport) reload() {
 	t.cluster.ReloadState(context.Background())
 }
 
-// breakerOpen reports whether the breaker of any server in use is open or
+// BreakerOpen reports whether the breaker of any server in use is open or
 // probing: a Cluster server unused for staleServer is not.
-func (t *transport) breakerOpen() bool {
+func (t *Transport) BreakerOpen() bool {
 	open := t.one != nil && t.one.breaker.isOpen()
 	now := time.Now().UnixNano()
 	t.servers.Range(func(_, v any) bool {
@@ -580,7 +606,7 @@ func (t *transport) breakerOpen() bool {
 // its own deadline, but its call, once sent, is judged by the Limiter's
 // bound: Redis answering within the timeout is health, and no answer within
 // it is a failure, whoever still waits.
-func (t *transport) wire(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+func (t *Transport) wire(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	d, ok := ctx.Deadline()
 	if t.timeout <= 0 || !ok || time.Until(d) > t.timeout {
 		wire, cancel, _ := t.deadline(ctx)
@@ -597,7 +623,7 @@ func (t *transport) wire(ctx context.Context) (context.Context, context.CancelFu
 // timeout set its deadline; ctx itself when its own deadline comes first or
 // there is no timeout. A ctx that is never canceled (its Done is nil:
 // context.Background, a worker's) gets a tickCtx.
-func (t *transport) deadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+func (t *Transport) deadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	if t.timeout <= 0 {
 		return ctx, noCancel, false
 	}
@@ -666,7 +692,7 @@ func tickLen(timeout time.Duration) time.Duration {
 // the timeout after now: the last one made, if it is that one. Ticks count
 // on the monotonic clock, from the transport's epoch: a wall clock set back
 // cannot bring back a tick that has ended.
-func (t *transport) tickAfter(now time.Time) *tick {
+func (t *Transport) tickAfter(now time.Time) *tick {
 	n := int64(tickLen(t.timeout))
 	end := int64(now.Sub(t.epoch) + t.timeout)
 	end += (n - end%n) % n
@@ -702,22 +728,31 @@ func expired(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
+// Delete deletes keys, within the Limiter's deadline: not a decision, so
+// neither batched nor judged by a breaker.
+func (t *Transport) Delete(ctx context.Context, keys ...string) error {
+	_, err := run(ctx, t, func(ctx context.Context) (int64, error) {
+		return t.client.Del(ctx, keys...).Result()
+	})
+	return err
+}
+
 // run runs fn, a command that is not a decision, within the Limiter's
 // deadline, on a client that may not watch ctx.
-func run[T any](ctx context.Context, t *transport, fn func(context.Context) (T, error)) (T, error) {
+func run[T any](ctx context.Context, t *Transport, fn func(context.Context) (T, error)) (T, error) {
 	ctx, cancel, _ := t.deadline(ctx)
 	defer cancel()
 	if t.ctxAware || ctx.Done() == nil {
 		return fn(ctx)
 	}
-	return watch(ctx, fn)
+	return Watch(ctx, fn)
 }
 
-// watch runs fn in a goroutine and returns when it does or when ctx is done,
+// Watch runs fn in a goroutine and returns when it does or when ctx is done,
 // whichever comes first: the client may not stop at ctx's deadline by
 // itself. In the second case fn goes on until the client's own timeouts end
 // it, and its result is dropped.
-func watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+func Watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -736,9 +771,9 @@ func watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, 
 	}
 }
 
-// honoursContext reports whether client stops waiting at its ctx deadline
+// HonoursContext reports whether client stops waiting at its ctx deadline
 // by itself, so that the transport need not watch for it.
-func honoursContext(client redis.UniversalClient) bool {
+func HonoursContext(client redis.UniversalClient) bool {
 	switch c := client.(type) {
 	case *redis.Client:
 		return c.Options().ContextTimeoutEnabled

@@ -1,6 +1,6 @@
 // The one look at each server's eviction policy (ErrEvictionPolicy).
 
-package ratelimit
+package transport
 
 import (
 	"context"
@@ -14,7 +14,7 @@ const evictionCheckTimeout = time.Second
 // checkEviction looks up srv's memory limit and eviction policy and warns
 // if the policy can evict live counts: every key the Limiter writes has a
 // TTL, so the volatile-* policies evict them as surely as the allkeys-*.
-func (t *transport) checkEviction(srv *server) {
+func (t *Transport) checkEviction(srv *server) {
 	ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 	defer cancel()
 	get := func(ctx context.Context) (map[string]string, error) {
@@ -25,7 +25,7 @@ func (t *transport) checkEviction(srv *server) {
 	if t.ctxAware {
 		cfg, err = get(ctx)
 	} else {
-		cfg, err = watch(ctx, get)
+		cfg, err = Watch(ctx, get)
 	}
 	if err != nil {
 		return // best effort: managed services often disable CONFIG
