@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/script"
@@ -249,10 +248,3 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 	}
 	return nil
 }
-
-// idHash hashes an id for a Result, so that Refund can tell a Result made
-// for another id.
-func idHash(id string) uint64 { return maphash.String(idSeed, id) | 1 } // never 0: 0 is "none yet"
-
-// idSeed hashes ids for idHash.
-var idSeed = maphash.MakeSeed()

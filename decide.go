@@ -410,20 +410,6 @@ func (d *decision) failed() error {
 	return nil
 }
 
-// checkAll validates a decision's input before Redis is consulted.
-func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
-	if len(limits) == 0 {
-		return ValidateLimits(limits)
-	}
-	if err := l.check(id, limits[0], n); err != nil { // the client, the id, the first limit, the cost
-		return err
-	}
-	if len(limits) == 1 {
-		return nil // checked in full
-	}
-	return ValidateLimits(limits)
-}
-
 // build places d's limits on the clock at Unix ms now and makes its
 // requests, which it returns: for a look, one request of cost 0 for every
 // limit; for a charge, one that charges every limit; otherwise one for the

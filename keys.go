@@ -1,10 +1,12 @@
-// The Redis keys of an id's windows, with their Cluster hash tag.
+// The Redis keys of an id's windows, with their Cluster hash tag; and the
+// hash of an id that a Result carries for Refund.
 
 package ratelimit
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"hash/maphash"
 	"strconv"
 	"strings"
 )
@@ -122,3 +124,10 @@ func writeEscaped(b *strings.Builder, s string) {
 }
 
 func needsEscape(c byte) bool { return c == '%' || c == '{' || c == '}' }
+
+// idHash hashes an id for a Result, so that Refund can tell a Result made
+// for another id.
+func idHash(id string) uint64 { return maphash.String(idSeed, id) | 1 } // never 0: 0 is "none yet"
+
+// idSeed hashes ids for idHash.
+var idSeed = maphash.MakeSeed()

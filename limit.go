@@ -1,5 +1,5 @@
 // Limit: its constructors, String and ParseLimit, and the validation of
-// limits, ids and costs.
+// limits, ids and costs (a decision's input, checkAll).
 
 package ratelimit
 
@@ -263,4 +263,27 @@ func validate(id string, limit Limit, n int64) error {
 		return fmt.Errorf("%w: cost %d is above 2^53, the most a count holds", ErrInvalidCost, n)
 	}
 	return nil
+}
+
+// check validates one limit's decision of id at cost n: the client, then
+// what validate checks.
+func (l *Limiter) check(id string, limit Limit, n int64) error {
+	if l.t == nil {
+		return ErrNilClient
+	}
+	return validate(id, limit, n)
+}
+
+// checkAll validates a decision's input before Redis is consulted.
+func (l *Limiter) checkAll(id string, limits []Limit, n int64) error {
+	if len(limits) == 0 {
+		return ValidateLimits(limits)
+	}
+	if err := l.check(id, limits[0], n); err != nil { // the client, the id, the first limit, the cost
+		return err
+	}
+	if len(limits) == 1 {
+		return nil // checked in full
+	}
+	return ValidateLimits(limits)
 }

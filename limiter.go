@@ -343,10 +343,3 @@ func (l *Limiter) Stats() Stats {
 	}
 	return s
 }
-
-func (l *Limiter) check(id string, limit Limit, n int64) error {
-	if l.t == nil {
-		return ErrNilClient
-	}
-	return validate(id, limit, n)
-}

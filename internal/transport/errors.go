@@ -1,10 +1,13 @@
-// The errors of the transport, which the root names as its own, and the
-// form of every error that says where it happened (Wrap).
+// The errors of the transport, which the root names as its own; the form
+// of every error that says where it happened (Wrap); and what a failed
+// call says of its server (explain).
 
 package transport
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 )
 
@@ -37,3 +40,25 @@ func (w *wrapped) Error() string {
 
 // Unwrap returns every error given to Wrap.
 func (w *wrapped) Unwrap() []error { return w.errs }
+
+// explain returns the error of a decision that Redis did not make, saying
+// what failed: the server, and for a call the Limiter's timeout ended (its
+// context, wire, expired), that timeout and the last dial error the client
+// met on that server.
+func (t *Transport) explain(wire context.Context, srv *server, err error) error {
+	name := "Redis Cluster"
+	if srv != nil {
+		name = srv.name
+	}
+	if t.timeout > 0 && expired(wire) && !errors.Is(err, ErrCircuitOpen) { // an open breaker asked no server: no reply was due
+		addr := ""
+		if t.cluster != nil {
+			addr = name
+		}
+		if dialErr := t.dials.recent(addr); dialErr != nil {
+			return fmt.Errorf("ratelimit: no reply within %v from %s: %w (last dial error: %w)", t.timeout, name, err, dialErr)
+		}
+		return fmt.Errorf("ratelimit: no reply within %v from %s: %w", t.timeout, name, err)
+	}
+	return Wrap("ratelimit: "+name, err)
+}

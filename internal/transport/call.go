@@ -1,0 +1,260 @@
+// One script call on the wire: asked of a server's breaker, sent on the
+// caller's goroutine or watched from another, judged by the Limiter's
+// timeout; and the commands that are no decision (Delete).
+
+package transport
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/script"
+)
+
+// exchange makes one script call of sc for reqs through c, as a call to
+// srv: srv's breaker is asked first and told how it went, one call, one
+// success or failure, judged by wire, the call's context. Its caller waits
+// until leave is done: wire itself, or the caller's own ctx when its
+// deadline comes before wire's (see wire). Then a caller who leaves first
+// gets a *CallerLeft, and the call goes on to wire's deadline in a
+// goroutine of its own, which tells the breaker, and the CallerLeft's Late,
+// how it went.
+func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
+	probe := false
+	if b := srv.breaker; b != nil {
+		ok, p := b.allow()
+		if !ok {
+			t.reload()
+			return ErrCircuitOpen
+		}
+		probe = p
+	}
+	var err error
+	if leave == wire && (t.ctxAware || wire.Done() == nil) {
+		err = t.call(wire, c, sc, reqs, out)
+	} else {
+		vals, w, callErr := sendWatched(leave, wire, c, sc, reqs)
+		switch {
+		case w != nil && leave != wire: // the caller left before the Limiter's deadline
+			gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
+			go t.judgeLate(w, wire, srv, probe, gone.Late)
+			return gone
+		case w != nil:
+			err = wire.Err()
+		case callErr != nil:
+			err = callErr
+		default:
+			err = script.Decode(vals, reqs, out)
+		}
+	}
+	t.judge(wire, srv, probe, err)
+	return err
+}
+
+// judge tells srv's breaker how a call that wire bounded went, and has the
+// slot map reloaded after an outage; the first success on a server has its
+// eviction policy checked.
+func (t *Transport) judge(wire context.Context, srv *server, probe bool, err error) {
+	left := err != nil && t.abandoned(wire)
+	if b := srv.breaker; b != nil {
+		switch {
+		case left:
+			b.abandon(probe)
+		case err != nil && opensBreaker(err):
+			b.done(probe, err)
+		default: // Redis answered, even if with an error about one id's data
+			b.done(probe, nil)
+		}
+	}
+	if err != nil && !left && IsOutage(err) {
+		t.reload()
+	}
+	if err == nil {
+		if _, seen := t.checked.Load(srv.name); !seen {
+			if _, seen := t.checked.LoadOrStore(srv.name, struct{}{}); !seen {
+				go t.checkEviction(srv)
+			}
+		}
+	}
+}
+
+// abandoned reports whether a call that wire bounded ended for its caller's
+// sake, not Redis's: wire was canceled (its caller's ctx was), or its
+// deadline, which passed, was the caller's own (no Limiter timeout).
+func (t *Transport) abandoned(wire context.Context) bool {
+	return errors.Is(wire.Err(), context.Canceled) || t.timeout <= 0 && expired(wire)
+}
+
+// judgeLate waits for the end of w, a call whose caller left, or for wire's
+// deadline, whichever comes first, and judges the call by it: a failure goes
+// to the breaker and to l.
+func (t *Transport) judgeLate(w *watchedCall, wire context.Context, srv *server, probe bool, l *Late) {
+	var err error
+	select {
+	case <-w.done:
+		err = w.err
+	case <-wire.Done():
+		err = wire.Err()
+	}
+	t.judge(wire, srv, probe, err)
+	if err != nil {
+		err = t.explain(wire, srv, err)
+	}
+	l.end(err)
+}
+
+// call sends one script call of sc for reqs to c and decodes its reply into
+// out, on this goroutine: with a client that does not stop at ctx's
+// deadline itself, the call goes on in sendWatched's goroutine after it,
+// until the client gives up, and its late reply is dropped there.
+func (t *Transport) call(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
+	var vals []int64
+	var err error
+	if t.ctxAware || ctx.Done() == nil {
+		vals, err = send(ctx, c, sc, reqs)
+	} else {
+		var w *watchedCall
+		if vals, w, err = sendWatched(ctx, ctx, c, sc, reqs); w != nil {
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return script.Decode(vals, reqs, out)
+}
+
+// A watchedCall is a script call that a goroutine of its own makes for a
+// caller that may leave before it ends: what watch does for any command,
+// for decisions without the closures and channel each would allocate.
+type watchedCall struct {
+	ctx  context.Context
+	c    redis.UniversalClient
+	sc   *script.Script
+	reqs []*script.Request
+	vals []int64
+	err  error
+	done chan struct{} // buffered: the goroutine never waits for its caller
+}
+
+// watchedCalls holds the watchedCalls whose callers took their replies:
+// their goroutines have sent on done and touch them no more. One whose
+// caller left stays its goroutine's, and is never pooled: its late reply
+// reaches no one.
+var watchedCalls = sync.Pool{New: func() any { return &watchedCall{done: make(chan struct{}, 1)} }}
+
+// run makes w's call, then lets its caller know; it touches w no more.
+func (w *watchedCall) run() {
+	w.vals, w.err = send(w.ctx, w.c, w.sc, w.reqs)
+	w.done <- struct{}{}
+}
+
+// sendWatched is send under ctx on a goroutine of its own, as watch runs a
+// command: it returns the reply, or the call itself if leave is done first,
+// which is then its goroutine's until the client's own timeouts end it: its
+// done receives once, when it ends.
+func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, *watchedCall, error) {
+	w := watchedCalls.Get().(*watchedCall)
+	w.ctx, w.c, w.sc, w.reqs = ctx, c, sc, reqs
+	go w.run()
+	select {
+	case <-w.done:
+		vals, err := w.vals, w.err
+		*w = watchedCall{done: w.done}
+		watchedCalls.Put(w)
+		return vals, nil, err
+	case <-leave.Done():
+		return nil, w, nil
+	}
+}
+
+// send makes the script call of sc for reqs on c and returns its reply's
+// integers.
+func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, error) {
+	cross := sc.Cross
+	short, n := script.ShortCall(reqs, cross), 0
+	if short {
+		n = len(reqs)
+	}
+	buf := argLists.Get().(*[]any)
+	if need := script.CallLen(reqs, short); cap(*buf) < need {
+		*buf = make([]any, 0, need)
+	}
+	args := script.AppendCall((*buf)[:0], sc, reqs, cross, short)
+	vals, err := eval(ctx, c, sc, args, n)
+	if err == nil && cap(args) <= MaxCallValues {
+		clear(args) // nothing kept alive by the list: the requests are the caller's
+		*buf = args[:0]
+		argLists.Put(buf)
+	}
+	return vals, err
+}
+
+// argLists holds the argument lists of calls that were answered, for calls
+// to come: a call's list is as long as it has values (10 for one request),
+// 16 bytes each. go-redis reads a command's arguments until its reply has
+// been read, and not after; a call that failed may have left its command
+// in go-redis's hands (one whose caller stopped waiting), so its list is
+// not reused; nor is one longer than MaxCallValues. (A go-redis hook that
+// kept a command past its return would see a later call's arguments there.)
+var argLists = sync.Pool{New: func() any { return new([]any) }}
+
+// Delete deletes keys, within the Limiter's deadline: not a decision, so
+// neither batched nor judged by a breaker.
+func (t *Transport) Delete(ctx context.Context, keys ...string) error {
+	_, err := run(ctx, t, func(ctx context.Context) (int64, error) {
+		return t.client.Del(ctx, keys...).Result()
+	})
+	return err
+}
+
+// run runs fn, a command that is not a decision, within the Limiter's
+// deadline, on a client that may not watch ctx.
+func run[T any](ctx context.Context, t *Transport, fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel, _ := t.deadline(ctx)
+	defer cancel()
+	if t.ctxAware || ctx.Done() == nil {
+		return fn(ctx)
+	}
+	return Watch(ctx, fn)
+}
+
+// Watch runs fn in a goroutine and returns when it does or when ctx is done,
+// whichever comes first: the client may not stop at ctx's deadline by
+// itself. In the second case fn goes on until the client's own timeouts end
+// it, and its result is dropped.
+func Watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// HonoursContext reports whether client stops waiting at its ctx deadline
+// by itself, so that the transport need not watch for it.
+func HonoursContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
