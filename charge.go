@@ -95,7 +95,7 @@ func (d *decision) deriveCharge() {
 		count := s.pos.estimate(&c)
 		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
 			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
-			window: s.pos.i, counted: d.cost, ms: d.limits[s.at].Window.Milliseconds(), strict: d.limits[s.at].Strict}
+			receipt: receipt{window: s.pos.i, counted: d.cost, ms: d.limits[s.at].Window.Milliseconds(), strict: d.limits[s.at].Strict}}
 		if count+1 > s.rate {
 			d.refused |= 1 << s.at
 			if s.shadow {
@@ -166,20 +166,21 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		return nil, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	counted := false
-	for i, r := range results {
+	for i := range results {
+		r := results[i].receipt
 		if r.counted == 0 {
 			continue
 		}
 		if r.by != l.serial || r.id != idHash(id) {
-			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, r.Limit)
+			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, results[i].Limit)
 		}
 		if n > r.counted {
-			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, r.Limit)
+			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, results[i].Limit)
 		}
-		for _, o := range results[:i] {
-			if o.counted > 0 && o.ms == r.ms && o.strict == r.strict && o.window == r.window {
+		for _, other := range results[:i] {
+			if o := other.receipt; o.counted > 0 && o.ms == r.ms && o.strict == r.strict && o.window == r.window {
 				// One count given twice would take back more than it counted.
-				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidCost, o.Limit, r.Limit)
+				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidCost, other.Limit, results[i].Limit)
 			}
 		}
 		counted = true
@@ -190,7 +191,8 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 	now := l.now().UnixMilli()
 	d := &decision{cost: -n, refund: true}
 	var keys []string
-	for _, r := range results {
+	for i := range results {
+		r := results[i].receipt
 		if r.counted == 0 {
 			continue
 		}

@@ -528,8 +528,8 @@ func (d *decision) derive() {
 		}
 		res := s.result(d.limits[s.at], want, counted, added)
 		if counted {
-			res.window, res.counted = s.pos.i, n // all of n, leased or not
-			res.ms, res.strict = res.Limit.Window.Milliseconds(), res.Limit.Strict
+			// all of n, leased or not
+			res.receipt = receipt{window: s.pos.i, counted: n, ms: res.Limit.Window.Milliseconds(), strict: res.Limit.Strict}
 		}
 		fits := counted || s.pos.estimate(&s.seen)+want <= s.rate
 		if !fits {
@@ -588,7 +588,7 @@ func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr, err error) error {
 	var h uint64 // idHash(id), once, if some Result counted
 	for i := range d.results {
-		if r := &d.results[i]; r.counted > 0 {
+		if r := &d.results[i].receipt; r.counted > 0 {
 			if h == 0 {
 				h = idHash(id)
 			}

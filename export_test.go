@@ -60,7 +60,7 @@ func LeaseCount(l *Limiter) int {
 // Public returns r without what it carries for Refund: the Result a model,
 // which cannot set it, would make.
 func Public(r Result) Result {
-	r.by, r.id, r.window, r.counted, r.ms, r.strict = 0, 0, 0, 0, 0, false
+	r.receipt = receipt{}
 	return r
 }
 

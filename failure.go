@@ -32,7 +32,7 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 				r.Remaining = r.Limit.Rate
 			}
 		}
-		r.Degraded, r.window, r.counted, r.ms, r.strict = true, 0, 0, 0, false // counted here, if at all, not in Redis
+		r.Degraded, r.receipt = true, receipt{} // counted here, if at all, not in Redis
 	}
 	return l.finish(ctx, d, id, SourcePolicy, took, redisErr, err)
 }

@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -111,4 +112,34 @@ func TestParseLimitRoundTrip(t *testing.T) {
 		l.Name = ""
 		require.Equal(t, l, got, "%q", l.String())
 	}
+}
+
+// A Result compares by its exported fields as the Result doc says: one that
+// counted carries what Refund needs, one that counted nothing carries
+// nothing unexported, so a user's test can hold either against a literal.
+func TestResultComparesByExportedFields(t *testing.T) {
+	e := miniredisEnv(t)
+	l := e.limiter()
+	ctx := context.Background()
+	limit := ratelimit.PerMinute(2)
+	e.clock.Set(epoch.Add(15 * time.Second))
+
+	got, err := l.Allow(ctx, "u", limit)
+	require.NoError(t, err)
+	// 15 s into a minute: the count is 1 until the window ends, 0 a ms after,
+	// when the previous window's 1 is weighted below 1.
+	want := ratelimit.Result{Allowed: true, Count: 1, Limit: limit, Remaining: 1, ResetAfter: 45*time.Second + time.Millisecond}
+	require.EqualExportedValues(t, want, got)
+	require.NotEqual(t, want, got, "an allowed Result carries its receipt for Refund")
+	require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{got}, 1))
+
+	_, err = l.AllowN(ctx, "u", limit, 2)
+	require.NoError(t, err)
+	denied, err := l.Allow(ctx, "u", limit)
+	require.NoError(t, err)
+	// 2 weighs below 2 a ms into the next window, below 1 past its half.
+	require.Equal(t, ratelimit.Result{Count: 2, Limit: limit, RetryAfter: 45*time.Second + time.Millisecond, ResetAfter: 75*time.Second + time.Millisecond}, denied)
+	peek, err := l.Peek(ctx, "u", limit)
+	require.NoError(t, err)
+	require.Equal(t, denied, peek)
 }

@@ -32,6 +32,13 @@ const InfDuration = time.Duration(math.MaxInt64 - (time.Second - 1))
 const maxLimits = 16
 
 // Result is the outcome of one decision against one limit.
+//
+// A Result whose limit counted the request also carries, unexported, what
+// Refund needs to give it back: it is then not == to a Result literal of
+// the same fields, nor Equal to one under testify. In tests compare its
+// fields, or use testify's EqualExportedValues (go-cmp:
+// cmpopts.IgnoreUnexported(Result{})). A Result that counted nothing (a
+// denial, a Peek, a Degraded decision) carries nothing unexported.
 type Result struct {
 	// Allowed reports whether the request may go ahead. When it is true, the
 	// request's cost has been counted.
@@ -71,11 +78,17 @@ type Result struct {
 	// denied.
 	Shadowed bool
 
-	// What Refund needs: the Limiter that made it and a hash of the id (to
-	// refuse a Result of another), and what this limit counted (0 for
-	// nothing) in which window (for a strict limit, sub-window) index, of
-	// which count (Window in ms and Strict, as decided: Limit is the
-	// caller's to change).
+	// receipt is what Refund needs; the zero receipt when this limit
+	// counted nothing.
+	receipt receipt
+}
+
+// receipt says what one limit of a decision counted, for Refund: the
+// Limiter that made it and a hash of the id (to refuse a Result of
+// another), what the limit counted (0 for nothing) in which window (for a
+// strict limit, sub-window) index, of which count (Window in ms and Strict,
+// as decided: Result.Limit is the caller's to change).
+type receipt struct {
 	by, id          uint64
 	window, counted int64
 	ms              int64
