@@ -1,5 +1,5 @@
-// A decision whose caller left before Redis answered: its error, and the
-// late report of its call's failure.
+// The late report of a call whose caller left before Redis answered: its
+// failure reaches the error handler and a CallObserver when it comes.
 
 package ratelimit
 

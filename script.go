@@ -1,5 +1,6 @@
-// The script's wire format (requests, arguments, replies) and its call
-// through go-redis (EVALSHA, NOSCRIPT, TRYAGAIN).
+// The script that decides (sliding_window.lua, embedded: the only Lua), and
+// a limit's arguments to it. The wire format, the requests and the decoding
+// of replies, is internal/script's.
 
 package ratelimit
 

@@ -1,3 +1,6 @@
+// A Redis Cluster of real servers on loopback, masters with replicas:
+// where a key lives, and the wait for a failover to settle.
+
 package redistest
 
 import (

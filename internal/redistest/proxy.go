@@ -1,3 +1,6 @@
+// A proxy between a client and a server that counts and times the commands
+// it forwards, and can delay, hang, drop a reply or cut every connection.
+
 package redistest
 
 import (

@@ -1,3 +1,5 @@
+// A server started again on its port, empty, as after a crash.
+
 package redistest
 
 // Restart starts a new, empty server (ServerProgram) on the port of s,

@@ -1,3 +1,5 @@
+// Replicas, Sentinels watching a master, and the wait for a promotion.
+
 package redistest
 
 import (

@@ -1,3 +1,6 @@
+// The strict count: a window cut into SubWindows sub-windows, and the
+// wait until their sum admits a cost.
+
 package window
 
 import "time"
