@@ -236,8 +236,16 @@ func (d *decision) leased() bool {
 // now. It reports whether it did, with d's spans and replies filled for
 // derive; if not, it has changed nothing.
 func (l *Limiter) serveLeases(d *decision, id string, now int64, look bool) bool {
-	var asks [maxLimits]leaseAsk
-	var grants [maxLimits]leaseGrant
+	// On the stack, as many as d has limits: zeroing maxLimits grants took
+	// a third of a decision served from a lease (BenchmarkLeased).
+	var asks1 [1]leaseAsk
+	var grants1 [1]leaseGrant
+	asks, grants := asks1[:], grants1[:]
+	if n := len(d.limits); n > 1 {
+		var asksN [maxLimits]leaseAsk
+		var grantsN [maxLimits]leaseGrant
+		asks, grants = asksN[:n], grantsN[:n]
+	}
 	for i, limit := range d.limits {
 		if !limit.Leased {
 			return false
@@ -245,7 +253,7 @@ func (l *Limiter) serveLeases(d *decision, id string, now int64, look bool) bool
 		asks[i] = leaseAsk{rate: limit.Rate, pos: locate(now, limit)}
 	}
 	n := len(d.limits)
-	if !l.leases.serve(id, asks[:n], max(d.cost, 1), look, grants[:n]) {
+	if !l.leases.serve(id, asks, max(d.cost, 1), look, grants) {
 		return false
 	}
 	if len(d.spans) != n {

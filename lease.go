@@ -156,14 +156,15 @@ func (t *leaseTable) serve(id string, asks []leaseAsk, n int64, look bool, grant
 	defer t.mu.Unlock()
 	for i := range asks {
 		a := &asks[i]
-		if e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]; !e.current(a.pos, a.rate) || e.left < n {
+		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
+		if !e.current(a.pos, a.rate) || e.left < n {
 			return false
 		}
+		grants[i].entry = e
 	}
 	for i := range asks {
-		a := &asks[i]
-		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
-		g := leaseGrant{local: true, need: n, seen: e.seen}
+		e := grants[i].entry
+		g := leaseGrant{local: true, need: n, seen: e.seen, entry: e}
 		g.seen[0] += e.used
 		e.sweep = t.sweeps
 		if !look {
