@@ -44,6 +44,9 @@ type decision struct {
 	// left: a copy of a decision whose caller left, for the Event of its
 	// call's failure (see reportLate).
 	left bool
+	// quotas are AllowMany's, one per limit: each with its own id and
+	// cost (see many.go); nil for the others.
+	quotas []Quota
 }
 
 // one holds a decision of one limit, beside it on its caller's stack: a
@@ -597,10 +600,13 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 	var h uint64 // idHash(id), once, if some Result counted
 	for i := range d.results {
 		if r := &d.results[i].receipt; r.counted > 0 {
-			if h == 0 {
-				h = idHash(id)
+			if r.id == 0 { // AllowMany's have their own ids'
+				if h == 0 {
+					h = idHash(id)
+				}
+				r.id = h
 			}
-			r.by, r.id = l.serial, h
+			r.by = l.serial
 		}
 	}
 	shadowed := false

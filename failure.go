@@ -20,7 +20,11 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 		d.allowed = false
 		err = wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	case FailLocal:
-		l.local.decide(id, d)
+		if d.quotas != nil {
+			l.local.decideMany(d)
+		} else {
+			l.local.decide(id, d)
+		}
 	default:
 		d.allowed = true
 	}

@@ -89,3 +89,51 @@ func (w *localWindows) key(id string) string {
 	binary.BigEndian.PutUint64(b[maxCachedID-7:], maphash.String(w.seed, id))
 	return string(b)
 }
+
+// decideMany decides d, an AllowMany's, in this process against each
+// quota's share, all or nothing, as decide does a decision of one id: it
+// checks every quota under its id's shard lock, then, if all admit, counts
+// each. The ids' shards are locked one at a time, so two decisions of one
+// process racing on an id may both pass a check that one of them alone
+// would: the bound of a share in an outage, not of the limit.
+func (w *localWindows) decideMany(d *decision) {
+	for i := range d.replies {
+		d.replies[i] = script.Reply{Allowed: true}
+	}
+	ok := true
+	for i := range d.spans {
+		s := &d.spans[i]
+		q := d.quotas[s.at]
+		shard := w.table.lock(w.key(q.ID))
+		s.rate = w.share(s.rate)
+		s.seen = counts{}
+		if e, found := shard.entries[tableKey{w.key(q.ID), s.pos.w, s.pos.subs}]; found {
+			if e.i > s.pos.i {
+				s.pos.i, s.pos.e = e.i, 0
+			}
+			s.seen, _ = e.at(s.pos)
+		}
+		shard.mu.Unlock()
+		if s.pos.estimate(&s.seen)+q.Cost > s.rate {
+			d.replies[s.req].Allowed = false
+			ok = ok && s.shadow
+		}
+	}
+	for i := range d.spans {
+		s := &d.spans[i]
+		q := d.quotas[s.at]
+		if !s.shadow && !ok {
+			d.replies[s.req].Allowed = false
+		}
+		if !d.replies[s.req].Allowed || q.Cost == 0 {
+			continue
+		}
+		key := w.key(q.ID)
+		shard := w.table.lock(key)
+		c := s.seen
+		c[0] += q.Cost
+		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
+		shard.mu.Unlock()
+	}
+	d.deriveMany()
+}

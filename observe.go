@@ -48,9 +48,11 @@ func (s Source) String() string {
 // CallObserver.
 type Event struct {
 	// ID is the client id, and empty unless WithObserverIDs asked for it:
-	// ids are often addresses or API keys.
+	// ids are often addresses or API keys. For AllowMany, the first
+	// Quota's.
 	ID string
-	// Cost is the request's cost; 0 for a look.
+	// Cost is the request's cost; 0 for a look. For AllowMany, the largest
+	// Quota's.
 	Cost int64
 	// Results are the decision's Results, one per limit, as the caller gets
 	// them: a copy, reused after the call, which an Observer must not keep.

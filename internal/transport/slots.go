@@ -1,12 +1,13 @@
 // A Redis Cluster's masters: the server of a key, the slot map loaded
-// within a decision's deadline and reloaded after a failure, and the
-// servers forgotten once unused.
+// within a decision's deadline and reloaded after a failure, the servers
+// forgotten once unused; and the slot of a key.
 
 package transport
 
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -167,4 +168,31 @@ func (t *Transport) reload() {
 		return
 	}
 	t.cluster.ReloadState(context.Background())
+}
+
+// Cluster reports whether t's client is a Redis Cluster's, whose keys of
+// different slots cannot be in one script call.
+func (t *Transport) Cluster() bool { return t.cluster != nil }
+
+// Slot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its hash
+// tag, the part between the first '{' and the first '}' after it when
+// that part is not empty, else of the whole key; modulo 16384.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc % 16384)
 }
