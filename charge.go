@@ -1,4 +1,4 @@
-// Charge and Refund: costs counted whatever the counts, and given back;
+// Charge, Refund and GiveBack: costs counted whatever the counts, and given back;
 // the path of each (charge; refund and sendRefund).
 
 package ratelimit
@@ -249,4 +249,31 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 		return wrap("ratelimit: refund", err)
 	}
 	return nil
+}
+
+// GiveBack gives n back to each of limits for id in its current window
+// (for a strict limit, its current sub-window), never below 0: Refund for
+// a caller that no longer has the Results of what it counted, such as an
+// Envoy rate limit request of negative hits. What was counted in an
+// earlier window, which Refund would lower there, is given back from the
+// current one, where it is no longer counted in full: a GiveBack takes
+// back at most what Refund would, and less after a window's end. Input is
+// checked as AllowAll's; otherwise GiveBack is as Refund: one script call,
+// never resent, observed as a refund, and the deny cache forgets id.
+func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
+	if err := l.checkAll(id, limits, n); err != nil {
+		return err
+	}
+	now := l.now().UnixMilli()
+	d := &decision{cost: -n, refund: true, limits: limits, results: make([]Result, len(limits))}
+	var keys []string
+	for i, limit := range limits {
+		p := locate(now, limit)
+		d.results[i].Limit = limit
+		d.spans = append(d.spans, span{at: i, pos: p})
+		keys = append(keys, l.appendKeys(nil, id, p)[0])
+	}
+	d.reqs = []*script.Request{script.GiveBack(n, keys...)}
+	d.replies = make([]script.Reply, 1)
+	return l.sendRefund(ctx, d, id)
 }

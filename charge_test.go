@@ -359,3 +359,31 @@ func (o *callObserver) ObserveCall(_ context.Context, e *ratelimit.Event) { o.ad
 func (o *callObserver) add(e *ratelimit.Event, call bool) {
 	o.kinds, o.costs, o.call = append(o.kinds, e.Kind), append(o.costs, e.Cost), append(o.call, call)
 }
+
+// GiveBack lowers each limit's current window, never below 0, without the
+// Results of what was counted; its input is checked as AllowAll's.
+func TestGiveBack(t *testing.T) {
+	for _, b := range singleServers(t) {
+		t.Run(b.name, func(t *testing.T) {
+			e := b.mk(t)
+			l := e.limiter()
+			ctx := context.Background()
+			e.clock.Set(epoch.Add(10 * time.Second))
+			i := e.windowIndex(time.Minute)
+			limits := []ratelimit.Limit{ratelimit.PerMinute(10), {Rate: 10, Window: time.Minute, Strict: true}}
+			_, err := l.AllowAll(ctx, "u", limits, 5)
+			require.NoError(t, err)
+			require.NoError(t, l.GiveBack(ctx, "u", limits, 3))
+			require.Equal(t, int64(2), e.get(t, "u", time.Minute, i))
+			rs, err := l.PeekAll(ctx, "u", limits)
+			require.NoError(t, err)
+			require.Equal(t, []int64{2, 2}, []int64{rs[0].Count, rs[1].Count})
+			require.NoError(t, l.GiveBack(ctx, "u", limits, 9))
+			require.Equal(t, int64(0), e.get(t, "u", time.Minute, i), "never below 0")
+			require.NoError(t, l.GiveBack(ctx, "nobody", limits, 1))
+			require.ErrorIs(t, l.GiveBack(ctx, "u", limits, 0), ratelimit.ErrInvalidCost)
+			require.ErrorIs(t, l.GiveBack(ctx, "", limits, 1), ratelimit.ErrInvalidID)
+			require.ErrorIs(t, l.GiveBack(ctx, "u", nil, 1), ratelimit.ErrInvalidLimit)
+		})
+	}
+}
