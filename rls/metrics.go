@@ -1,0 +1,121 @@
+// The service's Prometheus metrics: the reference's per-rule hit counters,
+// the calls' latency and errors, and the configuration's loads.
+
+package rls
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// Metrics are a Server's Prometheus metrics, named as the reference's
+// default statsd-to-Prometheus mapping names them:
+// ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}
+// by domain, key1 and key2 (the rule's key, or with detailed_metric the
+// request's values, cut at its first two dots after the domain), in hits;
+// ratelimit_service_response_time_seconds; ratelimit_service_should_rate_limit_error
+// by err_type (the gRPC code); ratelimit_service_global_shadow_mode; and
+// ratelimit_service_config_load_{success,error}.
+type Metrics struct {
+	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
+	responseTime                                             prometheus.Histogram
+	errors                                                   *prometheus.CounterVec
+	globalShadow, loadSuccess, loadError                     prometheus.Counter
+}
+
+// NewMetrics returns Metrics registered with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	rule := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_rate_limit_" + name, Help: help}, []string{"domain", "key1", "key2"})
+	}
+	m := &Metrics{
+		totalHits:   rule("total_hits", "Hits of a rule's descriptors."),
+		overLimit:   rule("over_limit", "Hits over a rule's limit."),
+		nearLimit:   rule("near_limit", "Hits past the near-limit share of a rule's limit, and under it."),
+		withinLimit: rule("within_limit", "Hits within a rule's limit."),
+		shadowMode:  rule("shadow_mode", "Hits over a shadow_mode rule's limit, let through."),
+		responseTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ratelimit_service_response_time_seconds",
+			Help: "Time to answer ShouldRateLimit.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_should_rate_limit_error",
+			Help: "Calls of ShouldRateLimit answered with an error, by gRPC code."}, []string{"err_type"}),
+		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_global_shadow_mode",
+			Help: "Requests over a limit that SHADOW_MODE answered OK."}),
+		loadSuccess: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_success", Help: "Configurations loaded."}),
+		loadError:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_error", Help: "Configurations that failed to load."}),
+	}
+	for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
+		m.responseTime, m.errors, m.globalShadow, m.loadSuccess, m.loadError} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// ConfigLoaded counts a load of the configuration that failed with err, or
+// succeeded.
+func (m *Metrics) ConfigLoaded(err error) {
+	if err != nil {
+		m.loadError.Inc()
+	} else {
+		m.loadSuccess.Inc()
+	}
+}
+
+// call records a call that took d and ended with err.
+func (m *Metrics) call(d time.Duration, err error) {
+	m.responseTime.Observe(d.Seconds())
+	if err != nil {
+		m.errors.WithLabelValues(status.Code(err).String()).Inc()
+	}
+}
+
+// hits counts d's hits as the reference does: within or over the limit,
+// near_limit for those past ratio of it, and shadow_mode for those over a
+// shadow rule's.
+func (m *Metrics) hits(domain string, d descriptor, results []ratelimit.Result, ratio float64) {
+	r := d.match.Rule
+	if r.Unlimited {
+		return
+	}
+	key := strings.TrimPrefix(d.match.MetricKey, domain+".")
+	key1, key2, _ := strings.Cut(key, ".")
+	labels := []string{domain, key1, key2}
+	h := float64(d.hits)
+	m.totalHits.WithLabelValues(labels...).Add(h)
+	limit := float64(r.RequestsPerUnit)
+	near := math.Floor(limit * ratio)
+	var before, after float64
+	overLimit := d.hits > 0
+	if d.quota >= 0 {
+		res := results[d.quota]
+		overLimit = over(res)
+		if res.Allowed && !res.Shadowed {
+			before, after = float64(res.Count)-h, float64(res.Count)
+		} else {
+			before, after = float64(res.Count), float64(res.Count)+h
+		}
+	}
+	if !overLimit {
+		m.withinLimit.WithLabelValues(labels...).Add(h)
+		if after > near {
+			m.nearLimit.WithLabelValues(labels...).Add(min(h, after-max(near, before)))
+		}
+		return
+	}
+	overBy := h
+	if before < limit {
+		overBy = after - limit
+		m.nearLimit.WithLabelValues(labels...).Add(limit - max(near, before))
+	}
+	m.overLimit.WithLabelValues(labels...).Add(overBy)
+	if r.Shadow {
+		m.shadowMode.WithLabelValues(labels...).Add(overBy)
+	}
+}

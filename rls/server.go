@@ -1,0 +1,388 @@
+// Package rls is a rate limit service for Envoy: it answers
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit from
+// envoyproxy/ratelimit's configuration files, deciding with a
+// ratelimit.Limiter: sliding (or strict) windows, and the descriptors of a
+// request all or nothing, in one script call.
+//
+//	cfg, err := rls.LoadDir("/srv/runtime_data/current/config", false)
+//	...
+//	srv := rls.NewServer(limiter, cfg)
+//	g := grpc.NewServer()
+//	srv.Register(g)
+//
+// The command ratelimit-rls (cmd/ratelimit-rls) is the service as the
+// reference runs: its settings from the environment, under the same names.
+// docs/envoy.md says where this service answers as the reference does and
+// where it is better on purpose.
+package rls
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// Bounds of a request. Gateways send a handful of descriptors of a few
+// entries each; a request past these is INVALID_ARGUMENT.
+const (
+	MaxDescriptors = 64 // descriptors of one request
+	MaxEntries     = 64 // entries of one descriptor
+	// MaxLimited is how many of a request's descriptors may match a rule
+	// that is decided in Redis: what ratelimit.Limiter.AllowMany takes.
+	MaxLimited = 16
+	// MaxHits is the most hits a descriptor may add: what a count holds.
+	MaxHits = 1 << 53
+)
+
+// Server answers ShouldRateLimit. It is safe for simultaneous use; its
+// configuration may be replaced while it serves (SetConfig).
+type Server struct {
+	pb.UnimplementedRateLimitServiceServer
+	limiter *ratelimit.Limiter
+	config  atomic.Pointer[Config]
+	opts    options
+}
+
+// An Option configures a Server.
+type Option func(*options)
+
+type options struct {
+	shadow                     bool
+	policy                     bool
+	limitH, remainingH, resetH string
+	metrics                    *Metrics
+	nearRatio                  float64
+}
+
+// WithShadowMode answers OK to every request, whatever its descriptors'
+// statuses say (the reference's SHADOW_MODE): to try a configuration.
+func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } }
+
+// WithFailurePolicy has the Limiter's failure policy answer when Redis
+// cannot (FailOpen: OK, Degraded; FailClosed: UNAVAILABLE; FailLocal: this
+// process's share). Without it, a request Redis could not decide is an
+// UNAVAILABLE status, as the reference's Redis errors are, and Envoy's
+// failure_mode_deny decides.
+func WithFailurePolicy(on bool) Option { return func(o *options) { o.policy = on } }
+
+// WithResponseHeaders adds the limit, remaining and reset headers of the
+// descriptor nearest its limit to every response, under these names (the
+// reference's LIMIT_RESPONSE_HEADERS_ENABLED; its names are RateLimit-Limit,
+// RateLimit-Remaining and RateLimit-Reset).
+func WithResponseHeaders(limit, remaining, reset string) Option {
+	return func(o *options) { o.limitH, o.remainingH, o.resetH = limit, remaining, reset }
+}
+
+// WithMetrics counts each rule's hits in m, and times each call.
+func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } }
+
+// WithNearLimitRatio sets the share of a limit past which hits count as
+// near_limit (the reference's NEAR_LIMIT_RATIO; 0.8 by default).
+func WithNearLimitRatio(r float64) Option { return func(o *options) { o.nearRatio = r } }
+
+// NewServer returns a Server deciding with l against cfg (nil: no
+// configuration yet; every call is UNAVAILABLE until SetConfig).
+func NewServer(l *ratelimit.Limiter, cfg *Config, opts ...Option) *Server {
+	s := &Server{limiter: l, opts: options{nearRatio: 0.8}}
+	for _, o := range opts {
+		o(&s.opts)
+	}
+	s.config.Store(cfg)
+	return s
+}
+
+// Register registers s on g as envoy.service.ratelimit.v3.RateLimitService.
+func (s *Server) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+
+// SetConfig replaces s's configuration; calls under way finish with the
+// one they began with.
+func (s *Server) SetConfig(cfg *Config) { s.config.Store(cfg) }
+
+// Config returns s's configuration.
+func (s *Server) Config() *Config { return s.config.Load() }
+
+// ShouldRateLimit decides req: see the package doc and docs/envoy.md.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	start := time.Now()
+	resp, err := s.decide(ctx, req)
+	if m := s.opts.metrics; m != nil {
+		m.call(time.Since(start), err)
+	}
+	return resp, err
+}
+
+// descriptor is one descriptor of a request on its way through decide.
+type descriptor struct {
+	match    *Match
+	hits     int64 // what it adds; 0 looks
+	negative bool  // is_negative_hits: gives hits back
+	quota    int   // its quota in the AllowMany call, or -1
+}
+
+// decide answers req, or returns its status error.
+func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if err := check(req); err != nil {
+		return nil, err
+	}
+	cfg := s.config.Load()
+	if cfg == nil {
+		return nil, status.Error(codes.Unavailable, "rls: no rate limit configuration loaded")
+	}
+	ds := make([]descriptor, len(req.GetDescriptors()))
+	replaced := map[string]bool{}
+	for i, d := range req.GetDescriptors() {
+		ds[i] = descriptor{match: cfg.Match(req.GetDomain(), d), hits: hits(req, d), negative: d.GetIsNegativeHits(), quota: -1}
+		if m := ds[i].match; m != nil {
+			for _, name := range m.Rule.Replaces {
+				replaced[name] = true
+			}
+		}
+	}
+	for i := range ds {
+		if m := ds[i].match; m != nil && m.Rule.Name != "" && replaced[m.Rule.Name] {
+			ds[i].match = nil
+		}
+	}
+	if err := s.giveBack(ctx, ds); err != nil {
+		return nil, err
+	}
+	quotas, err := quotasOf(ds)
+	if err != nil {
+		return nil, err
+	}
+	results, err := s.allow(ctx, quotas)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
+	var nearest *pb.RateLimitResponse_DescriptorStatus
+	for i, d := range ds {
+		st := s.status(d, results)
+		resp.Statuses[i] = st
+		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		}
+		if st.CurrentLimit != nil && (nearest == nil || nearest.Code != pb.RateLimitResponse_OVER_LIMIT &&
+			(st.Code == pb.RateLimitResponse_OVER_LIMIT || st.LimitRemaining < nearest.LimitRemaining)) {
+			nearest = st
+		}
+		if m := s.opts.metrics; m != nil && d.match != nil && !d.negative {
+			m.hits(req.GetDomain(), d, results, s.opts.nearRatio)
+		}
+	}
+	if s.opts.limitH != "" && nearest != nil {
+		resp.ResponseHeadersToAdd = []*core.HeaderValue{
+			{Key: s.opts.limitH, Value: strconv.FormatUint(uint64(nearest.CurrentLimit.GetRequestsPerUnit()), 10)},
+			{Key: s.opts.remainingH, Value: strconv.FormatUint(uint64(nearest.LimitRemaining), 10)},
+			{Key: s.opts.resetH, Value: strconv.FormatInt(ceilSeconds(nearest.DurationUntilReset.AsDuration()), 10)},
+		}
+	}
+	if s.opts.shadow && resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
+		resp.OverallCode = pb.RateLimitResponse_OK
+		if m := s.opts.metrics; m != nil {
+			m.globalShadow.Inc()
+		}
+	}
+	return resp, nil
+}
+
+// check refuses a request the service cannot decide: INVALID_ARGUMENT,
+// saying why.
+func check(req *pb.RateLimitRequest) error {
+	invalid := func(format string, args ...any) error {
+		return status.Errorf(codes.InvalidArgument, "rls: "+format, args...)
+	}
+	if req.GetDomain() == "" {
+		return invalid("rate limit domain must not be empty")
+	}
+	n := len(req.GetDescriptors())
+	if n == 0 {
+		return invalid("rate limit descriptor list must not be empty")
+	}
+	if n > MaxDescriptors {
+		return invalid("%d descriptors, more than %d", n, MaxDescriptors)
+	}
+	for i, d := range req.GetDescriptors() {
+		if d == nil || len(d.GetEntries()) == 0 {
+			return invalid("descriptor %d has no entries", i)
+		}
+		if len(d.GetEntries()) > MaxEntries {
+			return invalid("descriptor %d has %d entries, more than %d", i, len(d.GetEntries()), MaxEntries)
+		}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > MaxHits {
+			return invalid("descriptor %d adds %d hits, more than 2^53", i, h.GetValue())
+		}
+	}
+	return nil
+}
+
+// hits returns what d adds, as the reference reads it: its own hits_addend
+// when set (0 looks), else the request's, 1 when that is 0.
+func hits(req *pb.RateLimitRequest, d *rlv3.RateLimitDescriptor) int64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return int64(h.GetValue())
+	}
+	return int64(max(1, req.GetHitsAddend()))
+}
+
+// decidedInRedis reports whether d is decided by the Limiter.
+func (d *descriptor) decidedInRedis() bool {
+	return d.match != nil && !d.negative && !d.match.Rule.Unlimited && d.match.Rule.Limit.Rate > 0
+}
+
+// quotasOf returns the quotas of ds's descriptors decided in Redis, and
+// sets each one's quota: two descriptors of one id and window are one
+// quota of their hits together, as the reference's two INCRBYs of one key.
+func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
+	var quotas []ratelimit.Quota
+	for i := range ds {
+		d := &ds[i]
+		if !d.decidedInRedis() {
+			continue
+		}
+		limit := d.match.Rule.Limit
+		for q := range quotas {
+			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict {
+				d.quota = q
+				o.Cost = min(o.Cost+d.hits, MaxHits)
+				break
+			}
+		}
+		if d.quota < 0 {
+			d.quota = len(quotas)
+			quotas = append(quotas, ratelimit.Quota{ID: d.match.ID, Limit: limit, Cost: d.hits})
+		}
+	}
+	if len(quotas) > MaxLimited {
+		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors match rate limits, more than %d", len(quotas), MaxLimited)
+	}
+	return quotas, nil
+}
+
+// allow decides quotas: a single Leased one of a cost of 1 or more by
+// AllowN (which leases), any others by AllowMany (which does not: their
+// Leased is dropped). It returns a status error when the Limiter fails or
+// Redis could not decide without WithFailurePolicy.
+func (s *Server) allow(ctx context.Context, quotas []ratelimit.Quota) ([]ratelimit.Result, error) {
+	if len(quotas) == 0 {
+		return nil, nil
+	}
+	var results []ratelimit.Result
+	var err error
+	if q := quotas[0]; len(quotas) == 1 && q.Limit.Leased && q.Cost > 0 {
+		var r ratelimit.Result
+		r, err = s.limiter.AllowN(ctx, q.ID, q.Limit, q.Cost)
+		results = []ratelimit.Result{r}
+	} else {
+		for i := range quotas {
+			quotas[i].Limit.Leased = false
+		}
+		results, err = s.limiter.AllowMany(ctx, quotas)
+	}
+	if err != nil {
+		return nil, statusOf(ctx, err)
+	}
+	if !s.opts.policy {
+		for _, r := range results {
+			if r.Degraded {
+				return nil, status.Error(codes.Unavailable, "rls: Redis could not decide")
+			}
+		}
+	}
+	return results, nil
+}
+
+// giveBack gives back the hits of ds's negative descriptors, each under
+// its rule, in its current window (ratelimit.Limiter.GiveBack).
+func (s *Server) giveBack(ctx context.Context, ds []descriptor) error {
+	for _, d := range ds {
+		if !d.negative || d.match == nil || d.match.Rule.Unlimited || d.match.Rule.Limit.Rate == 0 || d.hits == 0 {
+			continue
+		}
+		limit := d.match.Rule.Limit
+		limit.Leased = false
+		if err := s.limiter.GiveBack(ctx, d.match.ID, []ratelimit.Limit{limit}, d.hits); err != nil {
+			return statusOf(ctx, err)
+		}
+	}
+	return nil
+}
+
+// statusOf returns the gRPC status of a Limiter's error: the caller's own
+// for its ctx, INVALID_ARGUMENT for its input, UNAVAILABLE for Redis.
+func statusOf(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, ratelimit.ErrInvalidCost), errors.Is(err, ratelimit.ErrInvalidLimit), errors.Is(err, ratelimit.ErrInvalidID):
+		return status.Error(codes.InvalidArgument, "rls: "+err.Error())
+	}
+	return status.Error(codes.Unavailable, "rls: "+err.Error())
+}
+
+// status returns the status of descriptor d, given the results of the
+// quotas decided in Redis: OK with no limit for a descriptor that matched
+// nothing; OK with the most remaining for an unlimited one; otherwise
+// whether its own limit admits the request, its limit, what remains and
+// the wait: until the request would pass when over, until the count is 0
+// when not.
+func (s *Server) status(d descriptor, results []ratelimit.Result) *pb.RateLimitResponse_DescriptorStatus {
+	if d.match == nil {
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+	}
+	r := d.match.Rule
+	if r.Unlimited {
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+	}
+	st := &pb.RateLimitResponse_DescriptorStatus{
+		Code:         pb.RateLimitResponse_OK,
+		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: r.Unit},
+	}
+	switch {
+	case d.negative:
+		st.DurationUntilReset = durationpb.New(0)
+	case r.Limit.Rate == 0: // a rule of 0 requests
+		if d.hits > 0 && !r.Shadow {
+			st.Code = pb.RateLimitResponse_OVER_LIMIT
+		}
+		st.DurationUntilReset = durationpb.New(0)
+	default:
+		res := results[d.quota]
+		st.LimitRemaining = uint32(min(res.Remaining, math.MaxUint32))
+		wait := res.ResetAfter
+		if over(res) {
+			st.Code, wait = pb.RateLimitResponse_OVER_LIMIT, res.RetryAfter
+			if r.Shadow {
+				st.Code = pb.RateLimitResponse_OK
+			}
+		}
+		if wait == ratelimit.InfDuration {
+			wait = r.Limit.Window
+		}
+		st.DurationUntilReset = durationpb.New(wait)
+	}
+	return st
+}
+
+// over reports whether a Result's own limit did not admit its request.
+func over(r ratelimit.Result) bool {
+	return r.Shadowed || !r.Allowed && r.RetryAfter > 0
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -1,0 +1,278 @@
+package rls
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// epoch starts a second, a minute and an hour.
+var epoch = time.UnixMilli(1_700_002_800_000)
+
+const testConfig = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100, name: tenant}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 1000, replaces: [{name: tenant}]}
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+// fixture is a Server on miniredis with a clock that stands still.
+type fixture struct {
+	s   *Server
+	mr  *miniredis.Miniredis
+	now time.Time
+}
+
+func newFixture(t *testing.T, opts ...Option) *fixture {
+	f := &fixture{mr: miniredis.RunT(t), now: epoch.Add(30 * time.Second)}
+	c := redis.NewClient(&redis.Options{Addr: f.mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	l := ratelimit.New(c, ratelimit.WithClock(func() time.Time { return f.now }), ratelimit.WithTimeout(time.Minute))
+	f.s = NewServer(l, load(t, testConfig), opts...)
+	return f
+}
+
+// ask sends one request of the descriptors, each given as key, value.
+func (f *fixture) ask(t *testing.T, hits uint32, ds ...*rlv3.RateLimitDescriptor) *pb.RateLimitResponse {
+	t.Helper()
+	resp, err := f.s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "api", Descriptors: ds, HitsAddend: hits})
+	require.NoError(t, err)
+	require.Len(t, resp.Statuses, len(ds))
+	return resp
+}
+
+func TestOverLimit(t *testing.T) {
+	f := newFixture(t)
+	for want := uint32(1); want <= 2; want++ {
+		r := f.ask(t, 0, desc("user", "ann"))
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+		st := r.Statuses[0]
+		require.Equal(t, pb.RateLimitResponse_OK, st.Code)
+		require.Equal(t, &pb.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: pb.RateLimitResponse_RateLimit_MINUTE}, st.CurrentLimit)
+		require.Equal(t, 2-want, st.LimitRemaining)
+	}
+	r := f.ask(t, 0, desc("user", "ann"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code)
+	require.Zero(t, r.Statuses[0].LimitRemaining)
+	// 2 in this minute, 30 s in: a request passes once the window's end
+	// weighs them below 2, a ms after it.
+	require.Equal(t, 30*time.Second+time.Millisecond, r.Statuses[0].DurationUntilReset.AsDuration())
+	require.Equal(t, pb.RateLimitResponse_OK, f.ask(t, 0, desc("user", "bob")).OverallCode, "another user")
+}
+
+// One descriptor over its limit: the request is counted under none.
+func TestAllOrNothing(t *testing.T) {
+	f := newFixture(t)
+	f.ask(t, 2, desc("user", "ann"))
+	r := f.ask(t, 0, desc("tenant", "acme"), desc("user", "ann"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code, "the tenant's own limit admits it")
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[1].Code)
+	require.Equal(t, uint32(100), r.Statuses[0].LimitRemaining, "and counted nothing")
+}
+
+func TestUnmatchedUnlimitedZero(t *testing.T) {
+	f := newFixture(t)
+	r := f.ask(t, 0, desc("nothing", "x"), desc("health", "ok"), desc("blocked", "x"))
+	require.Equal(t, &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, r.Statuses[0])
+	require.Equal(t, &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, r.Statuses[1])
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[2].Code, "0 requests per second")
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Empty(t, f.mr.Keys(), "none of these asks Redis")
+}
+
+func TestReplaces(t *testing.T) {
+	f := newFixture(t)
+	r := f.ask(t, 0, desc("tenant", "acme"), desc("vip", "yes"))
+	require.Equal(t, &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, r.Statuses[0], "replaced: no limit")
+	require.Equal(t, uint32(999), r.Statuses[1].LimitRemaining)
+}
+
+func TestShadowRule(t *testing.T) {
+	f := newFixture(t)
+	f.ask(t, 0, desc("trial", "t"))
+	r := f.ask(t, 0, desc("trial", "t"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
+	require.Zero(t, r.Statuses[0].LimitRemaining)
+}
+
+func TestGlobalShadowMode(t *testing.T) {
+	f := newFixture(t, WithShadowMode(true))
+	f.ask(t, 2, desc("user", "ann"))
+	r := f.ask(t, 0, desc("user", "ann"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "the overall code lets it through")
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code, "the status tells the truth")
+}
+
+func TestHitsAddend(t *testing.T) {
+	f := newFixture(t)
+	r := f.ask(t, 2, desc("tenant", "acme"))
+	require.Equal(t, uint32(98), r.Statuses[0].LimitRemaining, "the request's hits")
+	d := desc("tenant", "acme")
+	d.HitsAddend = wrapperspb.UInt64(5)
+	r = f.ask(t, 2, d)
+	require.Equal(t, uint32(93), r.Statuses[0].LimitRemaining, "the descriptor's own")
+	look := desc("user", "ann")
+	look.HitsAddend = wrapperspb.UInt64(0)
+	r = f.ask(t, 0, look, look)
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Equal(t, uint32(2), r.Statuses[0].LimitRemaining, "0 counts nothing")
+	back := desc("tenant", "acme")
+	back.HitsAddend, back.IsNegativeHits = wrapperspb.UInt64(4), true
+	f.ask(t, 0, back)
+	r = f.ask(t, 0, desc("tenant", "acme"))
+	require.Equal(t, uint32(96), r.Statuses[0].LimitRemaining, "4 given back, 1 counted")
+}
+
+func TestResponseHeaders(t *testing.T) {
+	f := newFixture(t, WithResponseHeaders("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"))
+	r := f.ask(t, 0, desc("tenant", "acme"), desc("user", "ann"))
+	got := map[string]string{}
+	for _, h := range r.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	require.Equal(t, map[string]string{"RateLimit-Limit": "2", "RateLimit-Remaining": "1", "RateLimit-Reset": "31"}, got,
+		"the descriptor nearest its limit: its 1, 30 s into the minute, weighs below 1 a ms into the next")
+}
+
+func TestInvalidRequests(t *testing.T) {
+	f := newFixture(t)
+	many := make([]*rlv3.RateLimitDescriptor, MaxDescriptors+1)
+	for i := range many {
+		many[i] = desc("user", "ann")
+	}
+	long := desc()
+	for range MaxEntries + 1 {
+		long.Entries = append(long.Entries, &rlv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	}
+	huge := desc("tenant", "acme")
+	huge.HitsAddend = wrapperspb.UInt64(1<<53 + 1)
+	limited := make([]*rlv3.RateLimitDescriptor, MaxLimited+1)
+	for i := range limited {
+		limited[i] = desc("user", strings.Repeat("u", i+1))
+	}
+	for name, req := range map[string]*pb.RateLimitRequest{
+		"no domain":           {Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}},
+		"no descriptors":      {Domain: "api"},
+		"too many":            {Domain: "api", Descriptors: many},
+		"no entries":          {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{{}}},
+		"too many entries":    {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{long}},
+		"hits past 2^53":      {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{huge}},
+		"too many limited":    {Domain: "api", Descriptors: limited},
+		"a nil descriptor":    {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{nil}},
+		"an id of any length": nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if req == nil {
+				r := f.ask(t, 0, desc("user", strings.Repeat("\x00é", 100_000)))
+				require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+				return
+			}
+			_, err := f.s.ShouldRateLimit(context.Background(), req)
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		})
+	}
+}
+
+func TestRedisDown(t *testing.T) {
+	for _, policy := range []bool{false, true} {
+		f := newFixture(t, WithFailurePolicy(policy))
+		f.mr.Close()
+		resp, err := f.s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}})
+		if !policy {
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, pb.RateLimitResponse_OK, resp.OverallCode, "FailOpen, the Limiter's default")
+	}
+}
+
+func TestNoConfig(t *testing.T) {
+	f := newFixture(t)
+	f.s.SetConfig(nil)
+	_, err := f.s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}})
+	require.Equal(t, codes.Unavailable, status.Code(err))
+}
+
+func TestCallerGone(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := f.s.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}})
+	require.Equal(t, codes.Canceled, status.Code(err))
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	f := newFixture(t, WithMetrics(m))
+	for range 3 {
+		f.ask(t, 0, desc("user", "ann"))
+	}
+	labels := []string{"api", "user", ""}
+	require.Equal(t, 3.0, testutil.ToFloat64(m.totalHits.WithLabelValues(labels...)))
+	require.Equal(t, 2.0, testutil.ToFloat64(m.withinLimit.WithLabelValues(labels...)))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.overLimit.WithLabelValues(labels...)))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.nearLimit.WithLabelValues(labels...)), "the second hit passed 80% of 2")
+	_, _ = f.s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{})
+	require.Equal(t, 1.0, testutil.ToFloat64(m.errors.WithLabelValues("InvalidArgument")))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	calls := uint64(0)
+	for _, mf := range families {
+		if mf.GetName() == "ratelimit_service_response_time_seconds" {
+			calls = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	require.Equal(t, uint64(4), calls, "every call is timed")
+}
+
+// FuzzShouldRateLimit: no request makes the server panic, and every answer
+// is a status error or a response with a status per descriptor.
+func FuzzShouldRateLimit(f *testing.F) {
+	f.Add("api", "user", "ann", "tenant", "acme", uint32(1), uint64(0), false)
+	f.Add("api", "vip", "", "blocked", "x", uint32(0), uint64(1<<60), true)
+	f.Add("", "", "", "", "", uint32(math.MaxUint32), uint64(0), false)
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2 string, hits uint32, own uint64, negative bool) {
+		fx := newFixture(t)
+		d2 := desc(k2, v2)
+		d2.HitsAddend, d2.IsNegativeHits = wrapperspb.UInt64(own), negative
+		req := &pb.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlv3.RateLimitDescriptor{desc(k1, v1), d2}}
+		resp, err := fx.s.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			require.Contains(t, []codes.Code{codes.InvalidArgument, codes.Unavailable}, status.Code(err), "%v", err)
+			return
+		}
+		require.Len(t, resp.Statuses, 2)
+	})
+}
