@@ -1,0 +1,447 @@
+// Command ratelimit-rls is a rate limit service for Envoy that reads
+// envoyproxy/ratelimit's configuration files and settings and decides with
+// sliding windows on Redis or Valkey (github.com/slidingwindow/ratelimit).
+//
+//	go install github.com/slidingwindow/ratelimit/rls/cmd/ratelimit-rls@latest
+//	REDIS_SOCKET_TYPE=tcp REDIS_URL=localhost:6379 RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit ratelimit-rls
+//
+// It serves envoy.service.ratelimit.v3.RateLimitService on GRPC_HOST:GRPC_PORT
+// (0.0.0.0:8081), GET /healthcheck and POST /json on HOST:PORT
+// (0.0.0.0:8080), and with USE_PROMETHEUS=true the metrics on
+// PROMETHEUS_ADDR PROMETHEUS_PATH (:9090 /metrics). The configuration files
+// are RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY/*.yaml, read
+// again when they change. docs/envoy.md lists every setting.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/slidingwindow/ratelimit"
+	ratelimitotel "github.com/slidingwindow/ratelimit/otel"
+	"github.com/slidingwindow/ratelimit/rls"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.LookupEnv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx is done, with the settings env gives, logging to w.
+func run(ctx context.Context, env func(string) (string, bool), w io.Writer) error {
+	s, err := readSettings(env)
+	if err != nil {
+		return err
+	}
+	log := newLogger(s, w)
+	if len(s.notHonoured) > 0 {
+		log.Warn("ratelimit-rls: these settings of envoyproxy/ratelimit are set and not honoured: " + strings.Join(s.notHonoured, " "))
+	}
+	if s.stopIncrementOverLimit {
+		log.Info("ratelimit-rls: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT changes nothing: a request over any limit is counted under none, always")
+	}
+
+	client, err := newRedis(s)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	var metrics *rls.Metrics
+	limiterOpts := []ratelimit.Option{
+		ratelimit.WithTimeout(s.timeout),
+		ratelimit.WithErrorHandler(func(ctx context.Context, _ string, err error) {
+			log.WarnContext(ctx, "ratelimit-rls: Redis", "error", err)
+		}),
+	}
+	if s.cacheKeyPrefix != "" {
+		limiterOpts = append(limiterOpts, ratelimit.WithPrefix(s.cacheKeyPrefix))
+	}
+	switch s.failurePolicy {
+	case "open":
+		limiterOpts = append(limiterOpts, ratelimit.WithFailurePolicy(ratelimit.FailOpen))
+	case "closed":
+		limiterOpts = append(limiterOpts, ratelimit.WithFailurePolicy(ratelimit.FailClosed))
+	case "local":
+		limiterOpts = append(limiterOpts, ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(s.replicas))
+	}
+	var registry *prometheus.Registry
+	var observer *ratelimitotel.Observer
+	if s.usePrometheus {
+		registry = prometheus.NewRegistry()
+		if metrics, err = rls.NewMetrics(registry); err != nil {
+			return err
+		}
+		exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+		if err != nil {
+			return err
+		}
+		provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+		defer provider.Shutdown(context.Background())
+		if observer, err = ratelimitotel.NewObserver(provider); err != nil {
+			return err
+		}
+		limiterOpts = append(limiterOpts, ratelimit.WithObserver(observer))
+	}
+	limiter := ratelimit.New(client, limiterOpts...)
+	if observer != nil {
+		reg, err := observer.ObserveLimiter(limiter)
+		if err != nil {
+			return err
+		}
+		defer reg.Unregister()
+	}
+
+	serverOpts := []rls.Option{
+		rls.WithShadowMode(s.shadowMode),
+		rls.WithFailurePolicy(s.failurePolicy != "unavailable"),
+		rls.WithNearLimitRatio(s.nearLimitRatio),
+	}
+	if s.headersEnabled {
+		serverOpts = append(serverOpts, rls.WithResponseHeaders(s.limitH, s.remainingH, s.resetH))
+	}
+	if metrics != nil {
+		serverOpts = append(serverOpts, rls.WithMetrics(metrics))
+	}
+	server := rls.NewServer(limiter, nil, serverOpts...)
+	watcher := &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, server: server, metrics: metrics, log: log}
+	watcher.poll()
+
+	grpcOpts := []grpc.ServerOption{}
+	if s.grpcTLS {
+		creds, err := serverTLS(s)
+		if err != nil {
+			return err
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(creds))
+	}
+	g := grpc.NewServer(grpcOpts...)
+	server.Register(g)
+	healthSrv := health.NewServer()
+	healthpb.RegisterHealthServer(g, healthSrv)
+	grpcLn, err := net.Listen("tcp", net.JoinHostPort(s.grpcHost, strconv.Itoa(s.grpcPort)))
+	if err != nil {
+		return err
+	}
+	httpLn, err := net.Listen("tcp", net.JoinHostPort(s.host, strconv.Itoa(s.port)))
+	if err != nil {
+		grpcLn.Close()
+		return err
+	}
+	healthy := &healthCheck{}
+	healthy.ok.Store(true)
+	mux := http.NewServeMux()
+	mux.Handle("GET /healthcheck", healthy)
+	mux.HandleFunc("POST /json", jsonHandler(server))
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	servers := []func() error{
+		func() error { return g.Serve(grpcLn) },
+		func() error { return serveHTTP(httpSrv, httpLn) },
+	}
+	var promSrv *http.Server
+	if registry != nil {
+		promLn, err := net.Listen("tcp", s.prometheusAddr)
+		if err != nil {
+			grpcLn.Close()
+			httpLn.Close()
+			return err
+		}
+		pm := http.NewServeMux()
+		pm.Handle(s.prometheusPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+		promSrv = &http.Server{Handler: pm, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, func() error { return serveHTTP(promSrv, promLn) })
+	}
+	log.Info("ratelimit-rls: serving", "grpc", grpcLn.Addr().String(), "http", httpLn.Addr().String(), "config", s.configDir())
+
+	errc := make(chan error, len(servers))
+	for _, serve := range servers {
+		go func() { errc <- serve() }()
+	}
+	ticker := time.NewTicker(s.configPoll)
+	defer ticker.Stop()
+	for {
+		select {
+		case err := <-errc:
+			g.Stop()
+			return err
+		case <-ticker.C:
+			watcher.poll()
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	healthy.ok.Store(false)
+	healthSrv.Shutdown()
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = httpSrv.Shutdown(shutdown)
+	if promSrv != nil {
+		_ = promSrv.Shutdown(shutdown)
+	}
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-shutdown.Done():
+		g.Stop()
+	}
+	return nil
+}
+
+// serveHTTP serves srv on ln until it is shut down.
+func serveHTTP(srv *http.Server, ln net.Listener) error {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// newLogger returns the logger LOG_LEVEL and LOG_FORMAT ask for (the
+// reference's logrus levels: trace and debug are debug, fatal and panic
+// error).
+func newLogger(s *settings, w io.Writer) *slog.Logger {
+	level := slog.LevelWarn
+	switch strings.ToLower(s.logLevel) {
+	case "trace", "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "error", "fatal", "panic":
+		level = slog.LevelError
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(s.logFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// newRedis returns the client REDIS_TYPE, REDIS_URL and the rest describe,
+// as the reference reads them: a comma-separated list of a Cluster's
+// nodes; for Sentinel, the master's name then the Sentinels; REDIS_AUTH a
+// password, or user:password.
+func newRedis(s *settings) (redis.UniversalClient, error) {
+	user, pass := "", s.redisAuth
+	if u, p, ok := strings.Cut(s.redisAuth, ":"); ok {
+		user, pass = u, p
+	}
+	var tlsConfig *tls.Config
+	if s.redisTLS {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	urls := strings.Split(s.redisURL, ",")
+	switch strings.ToUpper(s.redisType) {
+	case "CLUSTER":
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: urls, Username: user, Password: pass,
+			PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+	case "SENTINEL":
+		if len(urls) < 2 {
+			return nil, fmt.Errorf("ratelimit-rls: REDIS_URL=%q: a Sentinel setting is the master's name, then the Sentinels: mymaster,host:26379,…", s.redisURL)
+		}
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:],
+			Username: user, Password: pass, PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+	}
+	network := "tcp"
+	if strings.EqualFold(s.redisSocketType, "unix") {
+		network = "unix"
+	}
+	return redis.NewClient(&redis.Options{Network: network, Addr: s.redisURL, Username: user, Password: pass,
+		PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+}
+
+// serverTLS returns the gRPC server's TLS: its certificate, and with
+// GRPC_CLIENT_TLS_CACERT, clients must show one that CA signed (mTLS), and
+// with GRPC_CLIENT_TLS_SAN, one that names that SAN.
+func serverTLS(s *settings) (credentials.TransportCredentials, error) {
+	cert, err := tls.LoadX509KeyPair(s.grpcCert, s.grpcKey)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit-rls: GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if s.grpcClientCA != "" {
+		pem, err := os.ReadFile(s.grpcClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit-rls: GRPC_CLIENT_TLS_CACERT: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ratelimit-rls: GRPC_CLIENT_TLS_CACERT: no certificate in %s", s.grpcClientCA)
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	if san := s.grpcClientSAN; san != "" {
+		c.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+			for _, chain := range chains {
+				if len(chain) > 0 && names(chain[0], san) {
+					return nil
+				}
+			}
+			return fmt.Errorf("ratelimit-rls: the client's certificate does not name %s", san)
+		}
+	}
+	return credentials.NewTLS(c), nil
+}
+
+// names reports whether cert has san among its subject alternative names.
+func names(cert *x509.Certificate, san string) bool {
+	if slices.Contains(cert.DNSNames, san) || slices.Contains(cert.EmailAddresses, san) {
+		return true
+	}
+	for _, u := range cert.URIs {
+		if u.String() == san {
+			return true
+		}
+	}
+	for _, ip := range cert.IPAddresses {
+		if ip.String() == san {
+			return true
+		}
+	}
+	return false
+}
+
+// healthCheck answers GET /healthcheck: OK while serving, 500 once
+// shutting down.
+type healthCheck struct{ ok atomic.Bool }
+
+func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if !h.ok.Load() {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	_, _ = w.Write([]byte("OK"))
+}
+
+// jsonHandler answers POST /json: a RateLimitRequest as protobuf JSON, and
+// its RateLimitResponse, 429 when over the limit, as the reference's. A
+// request it cannot read or that is invalid is 400; one Redis could not
+// decide is 503 (the reference answers 400 for both).
+func jsonHandler(s *rls.Server) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		var req pb.RateLimitRequest
+		if err == nil {
+			err = protojson.Unmarshal(body, &req)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := s.ShouldRateLimit(r.Context(), &req)
+		if err != nil {
+			code := http.StatusServiceUnavailable
+			if status.Code(err) == codes.InvalidArgument {
+				code = http.StatusBadRequest
+			}
+			http.Error(w, status.Convert(err).Message(), code)
+			return
+		}
+		out, err := protojson.Marshal(resp)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+		_, _ = w.Write(out)
+	}
+}
+
+// configWatcher loads the configuration directory when its files change:
+// a broken configuration is logged and counted, and the last good one
+// stays.
+type configWatcher struct {
+	dir       string
+	ignoreDot bool
+	server    *rls.Server
+	metrics   *rls.Metrics
+	log       *slog.Logger
+	seen      [sha256.Size]byte
+	loaded    bool
+}
+
+// poll loads the directory if its files are not those of the last poll.
+func (c *configWatcher) poll() {
+	sum, err := c.fingerprint()
+	if err == nil && c.loaded && sum == c.seen {
+		return
+	}
+	c.seen, c.loaded = sum, true
+	var cfg *rls.Config
+	if err == nil {
+		cfg, err = rls.LoadDir(c.dir, c.ignoreDot)
+	}
+	if c.metrics != nil {
+		c.metrics.ConfigLoaded(err)
+	}
+	if err != nil {
+		c.log.Error("ratelimit-rls: the configuration did not load; the last good one stays", "error", err)
+		return
+	}
+	c.server.SetConfig(cfg)
+	c.log.Info("ratelimit-rls: configuration loaded", "dir", c.dir, "domains", cfg.Domains())
+}
+
+// fingerprint returns a digest of the names and contents of the
+// directory's YAML files: what a change of any of them, or of the
+// directory a symbolic link points to, changes.
+func (c *configWatcher) fingerprint() ([sha256.Size]byte, error) {
+	h := sha256.New()
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(c.dir, e.Name()))
+		if err != nil {
+			return [sha256.Size]byte{}, err
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", e.Name(), len(data))
+		h.Write(data)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}

@@ -1,0 +1,356 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
+)
+
+// binary is the command, built once for the tests that run it.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimit-rls")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "ratelimit-rls")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const config = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`
+
+// service is a running ratelimit-rls.
+type service struct {
+	grpcAddr, httpAddr, promAddr string
+	configDir                    string
+	cmd                          *exec.Cmd
+	log                          *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's writes and the
+// test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs the command as a user would: the environment env (on top of
+// the ports, the configuration directory and a config file of config) and
+// waits until it serves.
+func start(t *testing.T, env ...string) *service {
+	t.Helper()
+	root := t.TempDir()
+	s := &service{configDir: filepath.Join(root, "ratelimit", "config"), log: &syncBuffer{}}
+	require.NoError(t, os.MkdirAll(s.configDir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "config.yaml"), []byte(config), 0o644))
+	grpcPort, httpPort, promPort := testredis.FreePort(t), testredis.FreePort(t), testredis.FreePort(t)
+	s.grpcAddr = fmt.Sprintf("127.0.0.1:%d", grpcPort)
+	s.httpAddr = fmt.Sprintf("127.0.0.1:%d", httpPort)
+	s.promAddr = fmt.Sprintf("127.0.0.1:%d", promPort)
+	s.cmd = exec.Command(binary)
+	s.cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"GRPC_HOST=127.0.0.1", fmt.Sprint("GRPC_PORT=", grpcPort),
+		"HOST=127.0.0.1", fmt.Sprint("PORT=", httpPort),
+		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + s.promAddr,
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_APPDIRECTORY=config",
+		"REDIS_SOCKET_TYPE=tcp", "LOG_LEVEL=info", "RLS_CONFIG_POLL=50ms",
+	}, env...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	require.NoError(t, s.cmd.Start())
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + s.httpAddr + "/healthcheck")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		if s.cmd.ProcessState != nil || time.Now().After(deadline) {
+			t.Fatalf("ratelimit-rls did not start: %v\n%s", err, s.log)
+		}
+		time.Sleep(20 * time.Millisecond) // a process starting
+	}
+}
+
+// client returns a gRPC client of s, with opts (insecure without).
+func (s *service) client(t *testing.T, opts ...grpc.DialOption) pb.RateLimitServiceClient {
+	t.Helper()
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(s.grpcAddr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return pb.NewRateLimitServiceClient(conn)
+}
+
+func desc(kv ...string) *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func ask(ctx context.Context, c pb.RateLimitServiceClient, ds ...*rlv3.RateLimitDescriptor) (*pb.RateLimitResponse, error) {
+	return c.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "api", Descriptors: ds})
+}
+
+// The service as a user runs it, on redis-server: decisions over gRPC and
+// /json, the health check, the metrics, the settings it does not honour.
+func TestService(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr, "REDIS_PIPELINE_WINDOW=150us", "LIMIT_RESPONSE_HEADERS_ENABLED=true")
+	require.Contains(t, s.log.String(), "not honoured: REDIS_PIPELINE_WINDOW")
+	c := s.client(t)
+	ctx := context.Background()
+	for range 2 {
+		r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
+		require.NoError(t, err)
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	}
+	r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
+	require.NoError(t, err)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, uint32(98), r.Statuses[1].LimitRemaining, "the refused request is counted under no descriptor")
+	require.Len(t, r.ResponseHeadersToAdd, 3)
+
+	resp, err := http.Post("http://"+s.httpAddr+"/json", "application/json",
+		strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}`))
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", body)
+	require.Contains(t, string(body), `"overallCode":"OVER_LIMIT"`)
+	resp, err = http.Post("http://"+s.httpAddr+"/json", "application/json", strings.NewReader(`{"domain":""}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	resp, err = http.Get("http://" + s.promAddr + "/metrics")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `ratelimit_service_rate_limit_over_limit{domain="api",key1="user",key2=""} 2`)
+	require.Contains(t, string(body), "ratelimit_service_response_time_seconds_count")
+	require.Contains(t, string(body), "ratelimit_decisions", "the library's own metrics (otel)")
+
+	_, err = c.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "api"})
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = ask(gone, c, desc("user", "bob"))
+	require.Equal(t, codes.Canceled, status.Code(err))
+}
+
+// A changed configuration is used without a restart; a broken one is
+// logged, and the last good one stays.
+func TestConfigReload(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr)
+	c := s.client(t)
+	ctx := context.Background()
+	remaining := func() uint32 {
+		r, err := ask(ctx, c, desc("tenant", "reload"))
+		require.NoError(t, err)
+		return r.Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
+	require.Equal(t, uint32(100), remaining())
+	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "config.yaml"), []byte(strings.Replace(config, "100", "500", 1)), 0o644))
+	waitFor(t, "the new limit", func() bool { return remaining() == 500 })
+	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "config.yaml"), []byte("domain: api\nbogus: 1\n"), 0o644))
+	waitFor(t, "the error logged", func() bool { return strings.Contains(s.log.String(), "unknown key 'bogus'") })
+	require.Equal(t, uint32(500), remaining(), "the last good configuration stays")
+}
+
+// Redis down: UNAVAILABLE, so that Envoy's failure_mode_deny decides; with
+// RLS_FAILURE_POLICY=open, OK.
+func TestRedisDown(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr)
+	open := start(t, "REDIS_URL="+redisSrv.Addr, "RLS_FAILURE_POLICY=open")
+	redisSrv.Stop()
+	_, err := ask(context.Background(), s.client(t), desc("user", "ann"))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	r, err := ask(context.Background(), open.client(t), desc("user", "ann"))
+	require.NoError(t, err)
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+}
+
+// On a Redis Cluster (REDIS_TYPE=cluster, any case), a request of two
+// descriptors whose ids are in two slots: refused by one, counted under
+// neither once the other's give-back has landed.
+func TestCluster(t *testing.T) {
+	addrs := testredis.StartCluster(t)
+	s := start(t, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","))
+	c := s.client(t)
+	ctx := context.Background()
+	for range 2 {
+		r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
+		require.NoError(t, err)
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	}
+	r, err := ask(ctx, c, desc("tenant", "acme"), desc("user", "ann"))
+	require.NoError(t, err)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	r, err = ask(ctx, c, desc("tenant", "acme"))
+	require.NoError(t, err)
+	require.Equal(t, uint32(97), r.Statuses[0].LimitRemaining, "2 counted, the refused one given back, this one")
+}
+
+// mTLS, as Envoy Gateway uses it: a client with a certificate the CA signed
+// and the SAN asked for is served; one without a certificate, or with
+// another SAN, is refused.
+func TestMutualTLS(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	dir := t.TempDir()
+	ca := newCA(t)
+	serverCert := ca.issue(t, "127.0.0.1")
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	s := start(t, "REDIS_URL="+redisSrv.Addr, "GRPC_SERVER_USE_TLS=true",
+		"GRPC_SERVER_TLS_CERT="+write("server.crt", serverCert.certPEM), "GRPC_SERVER_TLS_KEY="+write("server.key", serverCert.keyPEM),
+		"GRPC_CLIENT_TLS_CACERT="+write("ca.crt", ca.certPEM), "GRPC_CLIENT_TLS_SAN=envoy.example")
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	dial := func(certs ...tls.Certificate) error {
+		c := s.client(t, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: certs, ServerName: "127.0.0.1"})))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := ask(ctx, c, desc("user", "tls"))
+		return err
+	}
+	require.NoError(t, dial(ca.issue(t, "envoy.example").pair(t)))
+	require.Error(t, dial(), "no client certificate")
+	require.Error(t, dial(ca.issue(t, "other.example").pair(t)), "another SAN")
+	_, err := ask(context.Background(), s.client(t), desc("user", "plain"))
+	require.Error(t, err, "no TLS at all")
+}
+
+// waitFor polls cond, a state of the process under test, until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 30 s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // another process's poll
+	}
+}
+
+// certificate is a certificate and key, PEM encoded.
+type certificate struct {
+	cert            *x509.Certificate
+	key             *ecdsa.PrivateKey
+	certPEM, keyPEM []byte
+}
+
+func (c certificate) pair(t *testing.T) tls.Certificate {
+	p, err := tls.X509KeyPair(c.certPEM, c.keyPEM)
+	require.NoError(t, err)
+	return p
+}
+
+func newCA(t *testing.T) certificate {
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	return makeCert(t, tmpl, nil)
+}
+
+// issue returns a certificate that c signed for san (an IP or a DNS name),
+// good for servers and clients.
+func (c certificate) issue(t *testing.T, san string) certificate {
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: san},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	if ip := net.ParseIP(san); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{san}
+	}
+	return makeCert(t, tmpl, &c)
+}
+
+func makeCert(t *testing.T, tmpl *x509.Certificate, parent *certificate) certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	return certificate{cert: cert, key: key,
+		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}
+}

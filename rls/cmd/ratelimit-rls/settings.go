@@ -1,0 +1,197 @@
+// The service's settings, from the environment under envoyproxy/ratelimit's
+// names and defaults, and ours beside them.
+
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// settings are what the environment says; see readSettings.
+type settings struct {
+	host, grpcHost          string
+	port, grpcPort          int
+	redisSocketType         string
+	redisURL, redisType     string
+	redisAuth               string
+	redisTLS                bool
+	redisPoolSize           int
+	cacheKeyPrefix          string
+	runtimeRoot, runtimeSub string
+	runtimeApp              string
+	runtimeWatchRoot        bool
+	runtimeIgnoreDotFiles   bool
+	shadowMode              bool
+	logLevel, logFormat     string
+	headersEnabled          bool
+	limitH, remainingH      string
+	resetH                  string
+	usePrometheus           bool
+	prometheusAddr          string
+	prometheusPath          string
+	grpcTLS                 bool
+	grpcCert, grpcKey       string
+	grpcClientCA            string
+	grpcClientSAN           string
+	nearLimitRatio          float64
+	stopIncrementOverLimit  bool
+	failurePolicy           string        // ours: RLS_FAILURE_POLICY
+	timeout                 time.Duration // ours: RLS_TIMEOUT
+	replicas                int           // ours: RLS_REPLICAS
+	configPoll              time.Duration // ours: RLS_CONFIG_POLL
+	notHonoured             []string      // the reference's variables set here that this service ignores
+}
+
+// honoured are the reference's variables this service reads; every other
+// variable of the reference that is set is named at start-up.
+var honoured = []string{
+	"HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "REDIS_SOCKET_TYPE", "REDIS_URL", "REDIS_TYPE", "REDIS_AUTH",
+	"REDIS_TLS", "REDIS_POOL_SIZE", "CACHE_KEY_PREFIX", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY",
+	"RUNTIME_APPDIRECTORY", "RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES", "SHADOW_MODE", "LOG_LEVEL",
+	"LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER",
+	"LIMIT_RESET_HEADER", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH", "GRPC_SERVER_USE_TLS",
+	"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN",
+	"NEAR_LIMIT_RATIO", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+}
+
+// reference lists the reference's other variables (its settings.go).
+var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE
+GRPC_MAX_CONNECTION_AGE_GRACE CONFIG_TYPE FORCE_START_WITHOUT_INITIAL_CONFIG CONFIG_GRPC_XDS_NODE_ID
+CONFIG_GRPC_XDS_NODE_METADATA CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
+CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS CONFIG_GRPC_XDS_SERVER_USE_TLS CONFIG_GRPC_XDS_CLIENT_TLS_CERT
+CONFIG_GRPC_XDS_CLIENT_TLS_KEY CONFIG_GRPC_XDS_SERVER_TLS_CACERT CONFIG_GRPC_XDS_SERVER_TLS_SAN
+XDS_CLIENT_BACKOFF_INITIAL_INTERVAL XDS_CLIENT_BACKOFF_MAX_INTERVAL XDS_CLIENT_BACKOFF_RANDOM_FACTOR
+XDS_CLIENT_BACKOFF_JITTER XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES USE_DOG_STATSD USE_DOG_STATSD_MOGRIFIERS
+USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL DISABLE_STATS PROMETHEUS_MAPPER_YAML
+PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES
+BACKEND_TYPE HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED REDIS_TLS_CLIENT_CERT REDIS_TLS_CLIENT_KEY
+REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW REDIS_PIPELINE_LIMIT
+REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE REDIS_PERSECOND_TYPE
+REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH
+REDIS_PERSECOND_SENTINEL_AUTH REDIS_PERSECOND_PIPELINE_WINDOW REDIS_PERSECOND_PIPELINE_LIMIT
+REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM REDIS_HEALTH_CHECK_ACTIVE_CONNECTION REDIS_TIMEOUT
+REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR
+REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME MEMCACHE_HOST_PORT
+MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS MEMCACHE_TLS_CLIENT_CERT
+MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE
+RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE
+TRACING_SERVICE_INSTANCE_ID TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
+
+// readSettings reads the settings from env (os.LookupEnv), with the
+// reference's defaults; a value that does not parse is an error naming
+// the variable.
+func readSettings(env func(string) (string, bool)) (*settings, error) {
+	var errs []string
+	str := func(name, def string) string {
+		if v, ok := env(name); ok {
+			return v
+		}
+		return def
+	}
+	num := func(name string, def int) int {
+		v, ok := env(name)
+		if !ok || v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Sprintf("%s=%q is not a number", name, v))
+		}
+		return n
+	}
+	flag := func(name string, def bool) bool {
+		v, ok := env(name)
+		if !ok || v == "" {
+			return def
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("%s=%q is not true or false", name, v))
+		}
+		return b
+	}
+	dur := func(name string, def time.Duration) time.Duration {
+		v, ok := env(name)
+		if !ok || v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Sprintf("%s=%q is not a duration such as 100ms", name, v))
+		}
+		return d
+	}
+	s := &settings{
+		host: str("HOST", "0.0.0.0"), port: num("PORT", 8080),
+		grpcHost: str("GRPC_HOST", "0.0.0.0"), grpcPort: num("GRPC_PORT", 8081),
+		redisSocketType: str("REDIS_SOCKET_TYPE", "unix"), redisType: str("REDIS_TYPE", "SINGLE"),
+		redisURL: str("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"), redisPoolSize: num("REDIS_POOL_SIZE", 10),
+		redisAuth: str("REDIS_AUTH", ""), redisTLS: flag("REDIS_TLS", false),
+		cacheKeyPrefix: str("CACHE_KEY_PREFIX", ""),
+		runtimeRoot:    str("RUNTIME_ROOT", "/srv/runtime_data/current"), runtimeSub: str("RUNTIME_SUBDIRECTORY", ""),
+		runtimeApp: str("RUNTIME_APPDIRECTORY", "config"), runtimeWatchRoot: flag("RUNTIME_WATCH_ROOT", true),
+		runtimeIgnoreDotFiles: flag("RUNTIME_IGNOREDOTFILES", false),
+		shadowMode:            flag("SHADOW_MODE", false),
+		logLevel:              str("LOG_LEVEL", "WARN"), logFormat: str("LOG_FORMAT", "text"),
+		headersEnabled: flag("LIMIT_RESPONSE_HEADERS_ENABLED", false),
+		limitH:         str("LIMIT_LIMIT_HEADER", "RateLimit-Limit"), remainingH: str("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+		resetH:        str("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+		usePrometheus: flag("USE_PROMETHEUS", false), prometheusAddr: str("PROMETHEUS_ADDR", ":9090"),
+		prometheusPath: str("PROMETHEUS_PATH", "/metrics"),
+		grpcTLS:        flag("GRPC_SERVER_USE_TLS", false), grpcCert: str("GRPC_SERVER_TLS_CERT", ""),
+		grpcKey: str("GRPC_SERVER_TLS_KEY", ""), grpcClientCA: str("GRPC_CLIENT_TLS_CACERT", ""),
+		grpcClientSAN:          str("GRPC_CLIENT_TLS_SAN", ""),
+		stopIncrementOverLimit: flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false),
+		failurePolicy:          strings.ToLower(str("RLS_FAILURE_POLICY", "unavailable")),
+		timeout:                dur("RLS_TIMEOUT", 100*time.Millisecond),
+		replicas:               num("RLS_REPLICAS", 1),
+		configPoll:             dur("RLS_CONFIG_POLL", time.Second),
+	}
+	s.nearLimitRatio = 0.8
+	if v, ok := env("NEAR_LIMIT_RATIO"); ok && v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r < 0 || r > 1 {
+			errs = append(errs, fmt.Sprintf("NEAR_LIMIT_RATIO=%q is not a ratio between 0 and 1", v))
+		}
+		s.nearLimitRatio = r
+	}
+	switch strings.ToUpper(s.redisType) {
+	case "SINGLE", "SENTINEL", "CLUSTER":
+	default:
+		errs = append(errs, fmt.Sprintf("REDIS_TYPE=%q is not SINGLE, SENTINEL or CLUSTER", s.redisType))
+	}
+	switch strings.ToLower(s.redisSocketType) {
+	case "unix", "tcp":
+	default:
+		errs = append(errs, fmt.Sprintf("REDIS_SOCKET_TYPE=%q is not unix or tcp", s.redisSocketType))
+	}
+	switch s.failurePolicy {
+	case "unavailable", "open", "closed", "local":
+	default:
+		errs = append(errs, fmt.Sprintf("RLS_FAILURE_POLICY=%q is not unavailable, open, closed or local", s.failurePolicy))
+	}
+	if s.grpcTLS && (s.grpcCert == "" || s.grpcKey == "") {
+		errs = append(errs, "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+	}
+	for _, name := range reference {
+		if v, ok := env(name); ok && v != "" {
+			s.notHonoured = append(s.notHonoured, name)
+		}
+	}
+	slices.Sort(s.notHonoured)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ratelimit-rls: %s", strings.Join(errs, "; "))
+	}
+	return s, nil
+}
+
+// configDir is where the configuration files are, as the reference finds
+// them: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+func (s *settings) configDir() string {
+	return filepath.Join(s.runtimeRoot, s.runtimeSub, s.runtimeApp)
+}

@@ -1,0 +1,128 @@
+// Package testredis starts real Redis (or Valkey) servers on loopback for
+// the tests of the rls module: one server, or a Redis Cluster of three
+// masters. The program is redis-server unless RATELIMIT_REDIS_SERVER names
+// another (valkey-server), and redis-cli unless RATELIMIT_REDIS_CLI does.
+// Without the program a test skips, saying why, unless
+// RATELIMIT_REQUIRE_REDIS=1 (as .ci/run sets it): then it fails.
+package testredis
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Program returns the server program and the CLI, skipping t (or failing
+// it under RATELIMIT_REQUIRE_REDIS=1) when the server is not installed.
+func Program(t testing.TB) (server, cli string) {
+	t.Helper()
+	server, cli = os.Getenv("RATELIMIT_REDIS_SERVER"), os.Getenv("RATELIMIT_REDIS_CLI")
+	if server == "" {
+		server = "redis-server"
+	}
+	if cli == "" {
+		cli = "redis-cli"
+	}
+	if _, err := exec.LookPath(server); err != nil {
+		if os.Getenv("RATELIMIT_REQUIRE_REDIS") == "1" {
+			t.Fatalf("%s is not installed, and RATELIMIT_REQUIRE_REDIS=1", server)
+		}
+		t.Skipf("%s is not installed: apt-get install redis-server to run this test", server)
+	}
+	return server, cli
+}
+
+// FreePort returns a loopback port nothing listens on now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Server is a server this package started.
+type Server struct {
+	Addr string
+	cmd  *exec.Cmd
+}
+
+// Start starts a server with args on a free port, waits until it answers
+// PING, and stops it when t ends.
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	program, _ := Program(t)
+	port := FreePort(t)
+	dir := t.TempDir()
+	all := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
+	cmd := exec.Command(program, all...)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	t.Cleanup(s.Stop)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s on %s did not answer PING", program, s.Addr)
+		}
+		time.Sleep(20 * time.Millisecond) // a process starting, not time passing
+	}
+	return s
+}
+
+// Stop kills the server; it may be called again.
+func (s *Server) Stop() {
+	if s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+}
+
+// StartCluster starts a Redis Cluster of three masters and returns their
+// addresses once every node reports cluster_state:ok.
+func StartCluster(t testing.TB) []string {
+	t.Helper()
+	_, cli := Program(t)
+	var addrs []string
+	for range 3 {
+		conf := filepath.Join(t.TempDir(), "nodes.conf")
+		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", conf, "--cluster-node-timeout", "2000")
+		addrs = append(addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s --cluster create: %v\n%s", cli, err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the cluster of %v is not ok: %v %v", addrs, info, err)
+			}
+			time.Sleep(50 * time.Millisecond) // the cluster settling
+		}
+		_ = c.Close()
+	}
+	return addrs
+}
