@@ -876,8 +876,9 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	require.Greater(t, s.multi, steps/4)
 	// A loaded machine makes a real-time trace's clock jump ahead (see
 	// pacer), which thins these out: the bounds leave room for it (a
-	// Cluster run on a loaded machine has seen 196 denials of 4000).
-	require.Greater(t, s.denied, steps/40)
+	// Cluster run under -race on a loaded machine has seen 98 denials of
+	// 4000, with the clock 89 s ahead).
+	require.Greater(t, s.denied, steps/100)
 	require.Greater(t, s.partial, steps/200)
 	require.Greater(t, s.strict, steps/200)
 	require.Greater(t, s.shadowed, steps/200)
