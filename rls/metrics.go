@@ -79,7 +79,7 @@ func (m *Metrics) call(d time.Duration, err error) {
 // hits counts d's hits as the reference does: within or over the limit,
 // near_limit for those past ratio of it, and shadow_mode for those over a
 // shadow rule's.
-func (m *Metrics) hits(domain string, d descriptor, results []ratelimit.Result, ratio float64) {
+func (m *Metrics) hits(domain string, d descriptor, quotas []ratelimit.Quota, results []ratelimit.Result, ratio float64) {
 	r := d.match.Rule
 	if r.Unlimited {
 		return
@@ -95,12 +95,15 @@ func (m *Metrics) hits(domain string, d descriptor, results []ratelimit.Result, 
 	overLimit := d.hits > 0
 	if d.quota >= 0 {
 		res := results[d.quota]
-		overLimit = over(res)
-		if res.Allowed && !res.Shadowed {
-			before, after = float64(res.Count)-h, float64(res.Count)
-		} else {
-			before, after = float64(res.Count), float64(res.Count)+h
+		var counted bool
+		counted, overLimit = d.outcome(results)
+		// the count before and after this descriptor's hits, as its
+		// quota counted them in order (see descriptor.upTo)
+		before = float64(res.Count + d.upTo - d.hits)
+		if counted {
+			before -= float64(quotas[d.quota].Cost)
 		}
+		after = before + h
 	}
 	if !overLimit {
 		m.withinLimit.WithLabelValues(labels...).Add(h)

@@ -130,6 +130,10 @@ type descriptor struct {
 	hits     int64 // what it adds; 0 looks
 	negative bool  // is_negative_hits: gives hits back
 	quota    int   // its quota in the AllowMany call, or -1
+	// upTo is the hits of its quota up to and including its own: a quota
+	// of two descriptors of one id counts them in order, as the
+	// reference's two INCRBYs do.
+	upTo int64
 }
 
 // decide answers req, or returns its status error.
@@ -170,7 +174,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
 	var nearest *pb.RateLimitResponse_DescriptorStatus
 	for i, d := range ds {
-		st := s.status(d, results)
+		st := s.status(d, quotas, results)
 		resp.Statuses[i] = st
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
@@ -180,7 +184,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 			nearest = st
 		}
 		if m := s.opts.metrics; m != nil && d.match != nil && !d.negative {
-			m.hits(req.GetDomain(), d, results, s.opts.nearRatio)
+			m.hits(req.GetDomain(), d, quotas, results, s.opts.nearRatio)
 		}
 	}
 	if s.opts.limitH != "" && nearest != nil {
@@ -258,11 +262,12 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict {
 				d.quota = q
 				o.Cost = min(o.Cost+d.hits, MaxHits)
+				d.upTo = o.Cost
 				break
 			}
 		}
 		if d.quota < 0 {
-			d.quota = len(quotas)
+			d.quota, d.upTo = len(quotas), d.hits
 			quotas = append(quotas, ratelimit.Quota{ID: d.match.ID, Limit: limit, Cost: d.hits})
 		}
 	}
@@ -336,10 +341,10 @@ func statusOf(ctx context.Context, err error) error {
 // status returns the status of descriptor d, given the results of the
 // quotas decided in Redis: OK with no limit for a descriptor that matched
 // nothing; OK with the most remaining for an unlimited one; otherwise
-// whether its own limit admits the request, its limit, what remains and
-// the wait: until the request would pass when over, until the count is 0
-// when not.
-func (s *Server) status(d descriptor, results []ratelimit.Result) *pb.RateLimitResponse_DescriptorStatus {
+// whether its own limit admits the request, its limit, what remains (0
+// when over) and the wait: until the request would pass when over, until
+// the count is 0 when not.
+func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []ratelimit.Result) *pb.RateLimitResponse_DescriptorStatus {
 	if d.match == nil {
 		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
 	}
@@ -361,10 +366,17 @@ func (s *Server) status(d descriptor, results []ratelimit.Result) *pb.RateLimitR
 		st.DurationUntilReset = durationpb.New(0)
 	default:
 		res := results[d.quota]
-		st.LimitRemaining = uint32(min(res.Remaining, math.MaxUint32))
+		counted, isOver := d.outcome(results)
+		remaining := res.Remaining
+		if counted { // what was left after its own hits, before the later ones of its quota
+			remaining += quotas[d.quota].Cost - d.upTo
+		}
+		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		wait := res.ResetAfter
-		if over(res) {
-			st.Code, wait = pb.RateLimitResponse_OVER_LIMIT, res.RetryAfter
+		if isOver {
+			// 0 remaining, as the reference says of a descriptor over its
+			// limit, even where a request of fewer hits would fit
+			st.Code, st.LimitRemaining, wait = pb.RateLimitResponse_OVER_LIMIT, 0, res.RetryAfter
 			if r.Shadow {
 				st.Code = pb.RateLimitResponse_OK
 			}
@@ -377,9 +389,15 @@ func (s *Server) status(d descriptor, results []ratelimit.Result) *pb.RateLimitR
 	return st
 }
 
-// over reports whether a Result's own limit did not admit its request.
-func over(r ratelimit.Result) bool {
-	return r.Shadowed || !r.Allowed && r.RetryAfter > 0
+// outcome reports whether d's hits were counted, and whether its own
+// limit did not admit them: its quota's count before the request and the
+// hits of its quota up to its own are over the limit.
+func (d *descriptor) outcome(results []ratelimit.Result) (counted, over bool) {
+	res := results[d.quota]
+	if res.Allowed && !res.Shadowed {
+		return true, false
+	}
+	return false, res.Count+d.upTo > res.Limit.Rate
 }
 
 // ceilSeconds returns d in whole seconds, rounded up.
