@@ -56,8 +56,6 @@ type Rule struct {
 	// Key is the rule's place in the configuration, as the reference
 	// names its metrics: domain.key_value.key...
 	Key string
-
-	shareThreshold []string // per entry of a match: the wildcard that values share, or ""
 }
 
 // node is one descriptor of the configuration: by the key (and value) of

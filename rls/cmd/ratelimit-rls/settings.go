@@ -47,19 +47,9 @@ type settings struct {
 	notHonoured             []string      // the reference's variables set here that this service ignores
 }
 
-// honoured are the reference's variables this service reads; every other
-// variable of the reference that is set is named at start-up.
-var honoured = []string{
-	"HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "REDIS_SOCKET_TYPE", "REDIS_URL", "REDIS_TYPE", "REDIS_AUTH",
-	"REDIS_TLS", "REDIS_POOL_SIZE", "CACHE_KEY_PREFIX", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY",
-	"RUNTIME_APPDIRECTORY", "RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES", "SHADOW_MODE", "LOG_LEVEL",
-	"LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER",
-	"LIMIT_RESET_HEADER", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH", "GRPC_SERVER_USE_TLS",
-	"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN",
-	"NEAR_LIMIT_RATIO", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-}
-
-// reference lists the reference's other variables (its settings.go).
+// reference lists the variables of the reference's settings.go that this
+// service does not read: one of them set is named at start-up. It reads
+// the others (see readSettings and docs/envoy.md).
 var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE
 GRPC_MAX_CONNECTION_AGE_GRACE CONFIG_TYPE FORCE_START_WITHOUT_INITIAL_CONFIG CONFIG_GRPC_XDS_NODE_ID
 CONFIG_GRPC_XDS_NODE_METADATA CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
