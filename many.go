@@ -141,7 +141,9 @@ func (l *Limiter) checkMany(quotas []Quota) error {
 // the slot's enforced quotas and one for each Shadow quota. Each request
 // is of ModeLease, in which each limit counts its own need: a quota's
 // Cost, or for a Cost of 0 nothing, admitted while its usage is at most
-// its rate (asked as a need of 1 against a rate one higher). It returns
+// its rate (asked as a need of 1 against a rate one higher); or, when
+// every quota has one cost of 1 or more, of ModeCount with that cost, a
+// shorter call. It returns
 // the requests of each slot, as indexes into d.reqs, the first slot's
 // first.
 func (l *Limiter) buildMany(d *decision, now int64) [][]int {
@@ -186,7 +188,24 @@ func (l *Limiter) buildMany(d *decision, now int64) [][]int {
 		req.NLimits++
 	}
 	d.replies = make([]script.Reply, len(d.reqs))
+	if same := d.sameCost(); same > 0 { // every limit counts the request's cost: no need or most to send
+		for _, req := range d.reqs {
+			req.Mode, req.Cost = script.ModeCount, same
+		}
+	}
 	return groups
+}
+
+// sameCost returns the cost every quota of d shares, when it is at least 1;
+// else 0.
+func (d *decision) sameCost() int64 {
+	c := d.quotas[0].Cost
+	for _, q := range d.quotas[1:] {
+		if q.Cost != c {
+			return 0
+		}
+	}
+	return c
 }
 
 // sendGroups sends the requests of each of groups, the slots of a Cluster,

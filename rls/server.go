@@ -277,9 +277,9 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 	return quotas, nil
 }
 
-// allow decides quotas: a single Leased one of a cost of 1 or more by
-// AllowN (which leases), any others by AllowMany (which does not: their
-// Leased is dropped). It returns a status error when the Limiter fails or
+// allow decides quotas: a single one of a cost of 1 or more by AllowN
+// (the script's short form, and leases when Leased), any others by
+// AllowMany (which does not lease: their Leased is dropped). It returns a status error when the Limiter fails or
 // Redis could not decide without WithFailurePolicy.
 func (s *Server) allow(ctx context.Context, quotas []ratelimit.Quota) ([]ratelimit.Result, error) {
 	if len(quotas) == 0 {
@@ -287,7 +287,7 @@ func (s *Server) allow(ctx context.Context, quotas []ratelimit.Quota) ([]ratelim
 	}
 	var results []ratelimit.Result
 	var err error
-	if q := quotas[0]; len(quotas) == 1 && q.Limit.Leased && q.Cost > 0 {
+	if q := quotas[0]; len(quotas) == 1 && q.Cost > 0 { // AllowN's call is the script's cheapest, and leases
 		var r ratelimit.Result
 		r, err = s.limiter.AllowN(ctx, q.ID, q.Limit, q.Cost)
 		results = []ratelimit.Result{r}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# ratelimit-rls against envoyproxy/ratelimit on one redis-server of their
+# own: ShouldRateLimit calls/s, p50/p99 and Redis's cost per call at 1, 8 and
+# 64 clients, one and three descriptors, interleaved; then bursts at a
+# window's end (-boundary). Prints markdown tables on stdout.
+#
+#   bench/envoy.sh                      # 3 rounds × 3 s, ~3 minutes on 2 cores
+#   ROUNDS=1 DURATION=500ms bench/envoy.sh   # a smoke run
+#
+# Environment: ROUNDS [3], DURATION [3s], WARMUP [300ms], CLIENTS ["1 8 64"],
+# REFERENCE (a service_cmd binary; built with go install when unset),
+# BOUNDARY [1] (0 leaves the bursts out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+(cd rls && go build -o "$bin/ratelimit-rls" ./cmd/ratelimit-rls)
+reference=${REFERENCE:-}
+if [ -z "$reference" ]; then
+  GOBIN="$bin" GOWORK=off go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
+  reference="$bin/service_cmd"
+fi
+cd bench
+go run ./cmd/envoy -ours "$bin/ratelimit-rls" -reference "$reference" -rounds "${ROUNDS:-3}" \
+  -duration "${DURATION:-3s}" -warmup "${WARMUP:-300ms}" -clients "${CLIENTS:-1 8 64}"
+if [ "${BOUNDARY:-1}" = 1 ]; then
+  echo
+  go run ./cmd/envoy -ours "$bin/ratelimit-rls" -reference "$reference" -boundary
+fi
