@@ -174,7 +174,7 @@ func start(name, bin, redisAddr string) *service {
 	grpcPort, httpPort, debugPort := freePort(), freePort(), freePort()
 	cmd := exec.Command(bin)
 	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "LOG_LEVEL=error",
+		"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error",
 		"GRPC_HOST=127.0.0.1", fmt.Sprint("GRPC_PORT=", grpcPort), "HOST=127.0.0.1", fmt.Sprint("PORT=", httpPort),
 		"DEBUG_HOST=127.0.0.1", fmt.Sprint("DEBUG_PORT=", debugPort),
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr, "REDIS_POOL_SIZE=64",

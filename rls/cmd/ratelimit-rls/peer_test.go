@@ -61,7 +61,7 @@ func startReference(t *testing.T, bin, redisAddr, config string) string {
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "LOG_LEVEL=warn",
+		"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn",
 		"GRPC_HOST=127.0.0.1", fmt.Sprint("GRPC_PORT=", grpcPort), "HOST=127.0.0.1", fmt.Sprint("PORT=", httpPort),
 		"DEBUG_HOST=127.0.0.1", fmt.Sprint("DEBUG_PORT=", debugPort),
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
