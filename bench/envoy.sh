@@ -20,10 +20,11 @@ if [ -z "$reference" ]; then
   GOBIN="$bin" GOWORK=off go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
   reference="$bin/service_cmd"
 fi
-cd bench
-go run ./cmd/envoy -ours "$bin/ratelimit-rls" -reference "$reference" -rounds "${ROUNDS:-3}" \
+cd bench/envoy # a module of its own, outside go.work: bench's other contenders need older gRPC
+export GOWORK=off
+go run . -ours "$bin/ratelimit-rls" -reference "$reference" -rounds "${ROUNDS:-3}" \
   -duration "${DURATION:-3s}" -warmup "${WARMUP:-300ms}" -clients "${CLIENTS:-1 8 64}"
 if [ "${BOUNDARY:-1}" = 1 ]; then
   echo
-  go run ./cmd/envoy -ours "$bin/ratelimit-rls" -reference "$reference" -boundary
+  go run . -ours "$bin/ratelimit-rls" -reference "$reference" -boundary
 fi

@@ -5,7 +5,8 @@
 // of one and of three descriptors, services interleaved, with Redis's CPU
 // and commands per call; and with -boundary, what each allows of bursts at
 // a window's end and the next window's start. bench/envoy.sh builds both
-// binaries and runs it; bench/README.md holds its tables.
+// binaries and runs it; bench/README.md holds its tables. A module of its
+// own, outside go.work: bench's other contenders pin an older gRPC.
 package main
 
 import (
