@@ -254,12 +254,15 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 // GiveBack gives n back to each of limits for id in its current window
 // (for a strict limit, its current sub-window), never below 0: Refund for
 // a caller that no longer has the Results of what it counted, such as an
-// Envoy rate limit request of negative hits. What was counted in an
-// earlier window, which Refund would lower there, is given back from the
-// current one, where it is no longer counted in full: a GiveBack takes
-// back at most what Refund would, and less after a window's end. Input is
-// checked as AllowAll's; otherwise GiveBack is as Refund: one script call,
-// never resent, observed as a refund, and the deny cache forgets id.
+// Envoy rate limit request of negative hits. It is exact for a cost counted
+// in the current window. A cost counted in an earlier window is given back
+// from the current one all the same, where it weighs in full: the estimate
+// then falls by up to n where Refund would lower it by what that cost still
+// weighs, which may be less, so that a limit may admit up to that
+// difference more until the window ends. Give back what was counted in the
+// window you are in. Input is checked as AllowAll's; otherwise GiveBack is
+// as Refund: one script call, never resent, observed as a refund, and the
+// deny cache forgets id.
 func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
 	if err := l.checkAll(id, limits, n); err != nil {
 		return err

@@ -5,6 +5,7 @@ package ratelimit
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"slices"
 
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
@@ -92,11 +93,27 @@ func (w *localWindows) key(id string) string {
 
 // decideMany decides d, an AllowMany's, in this process against each
 // quota's share, all or nothing, as decide does a decision of one id: it
-// checks every quota under its id's shard lock, then, if all admit, counts
-// each. The ids' shards are locked one at a time, so two decisions of one
-// process racing on an id may both pass a check that one of them alone
-// would: the bound of a share in an outage, not of the limit.
+// locks the shards of every id the decision counts under, in the order of
+// the table (as nothing else locks two, no two decisions wait on each
+// other), checks every quota, and counts each if all admit.
 func (w *localWindows) decideMany(d *decision) {
+	keys := make([]string, len(d.quotas))
+	var shards []int
+	for i, q := range d.quotas {
+		keys[i] = w.key(q.ID)
+		if at := w.table.index(keys[i]); !slices.Contains(shards, at) {
+			shards = append(shards, at)
+		}
+	}
+	slices.Sort(shards)
+	for _, at := range shards {
+		w.table.shards[at].mu.Lock()
+	}
+	defer func() {
+		for _, at := range shards {
+			w.table.shards[at].mu.Unlock()
+		}
+	}()
 	for i := range d.replies {
 		d.replies[i] = script.Reply{Allowed: true}
 	}
@@ -104,16 +121,14 @@ func (w *localWindows) decideMany(d *decision) {
 	for i := range d.spans {
 		s := &d.spans[i]
 		q := d.quotas[s.at]
-		shard := w.table.lock(w.key(q.ID))
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
-		if e, found := shard.entries[tableKey{w.key(q.ID), s.pos.w, s.pos.subs}]; found {
+		if e, found := w.table.shard(keys[s.at]).entries[tableKey{keys[s.at], s.pos.w, s.pos.subs}]; found {
 			if e.i > s.pos.i {
 				s.pos.i, s.pos.e = e.i, 0
 			}
 			s.seen, _ = e.at(s.pos)
 		}
-		shard.mu.Unlock()
 		if s.pos.estimate(&s.seen)+q.Cost > s.rate {
 			d.replies[s.req].Allowed = false
 			ok = ok && s.shadow
@@ -128,12 +143,9 @@ func (w *localWindows) decideMany(d *decision) {
 		if !d.replies[s.req].Allowed || q.Cost == 0 {
 			continue
 		}
-		key := w.key(q.ID)
-		shard := w.table.lock(key)
 		c := s.seen
 		c[0] += q.Cost
-		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
-		shard.mu.Unlock()
+		w.table.shard(keys[s.at]).put(tableKey{keys[s.at], s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
 	}
 	d.deriveMany()
 }

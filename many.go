@@ -90,8 +90,9 @@ func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
 			return err
 		}
 	} else {
-		took, err = l.sendGroups(ctx, d, id, groups)
-		if err != nil && ctx.Err() != nil {
+		var left bool
+		if took, left, err = l.sendGroups(ctx, d, id, groups); left {
+			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
 			return ctx.Err()
 		}
 	}
@@ -212,8 +213,11 @@ func (d *decision) sameCost() int64 {
 // in calls of their own at once, and puts their replies in d.replies. If
 // some slot's enforced request was refused, or failed, the enforced
 // requests of the others that counted give back what they counted. It
-// returns how long the calls took (for the Observer), and the first error.
-func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups [][]int) (time.Duration, error) {
+// returns how long the calls took (for the Observer), and the first error;
+// left when the caller left before some slot answered (there is no
+// decision then: what that slot's call counts, if it lands, stays until
+// its window slides out, as a decision's whose caller left).
+func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups [][]int) (took time.Duration, left bool, err error) {
 	start := time.Now()
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
@@ -233,8 +237,8 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 		}()
 	}
 	wg.Wait()
-	took := time.Since(start)
-	err := errors.Join(errs...)
+	took = time.Since(start)
+	err = errors.Join(errs...)
 	if err == nil {
 		err = d.failed()
 	}
@@ -249,17 +253,16 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 		l.giveBackMany(ctx, d, id)
 	}
 	if err != nil {
-		var gone *transport.CallerLeft
-		if errors.As(err, &gone) {
-			return took, ctx.Err()
+		if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) {
+			return took, true, err
 		}
 		for _, e := range errs { // the first server's error, as for one call
 			if e != nil {
-				return took, e
+				return took, false, e
 			}
 		}
 	}
-	return took, err
+	return took, false, err
 }
 
 // giveBackMany gives back what the enforced requests of d that were allowed

@@ -379,3 +379,50 @@ func TestAllowManyCallerGone(t *testing.T) {
 	_, err := e.limiter().AllowMany(ctx, userAndTenant())
 	require.True(t, errors.Is(err, context.Canceled), "%v", err)
 }
+
+// FailLocal's all or nothing holds under racing decisions of one process:
+// exactly the share is admitted, and no count is lost.
+func TestAllowManyFailLocalConcurrent(t *testing.T) {
+	l := ratelimit.New(downClient(t), ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	quotas := []ratelimit.Quota{
+		{ID: "a", Limit: ratelimit.PerHour(100), Cost: 1},
+		{ID: "b", Limit: ratelimit.PerHour(1_000_000), Cost: 1},
+	}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 50 {
+				if rs, err := l.AllowMany(context.Background(), quotas); err == nil && rs[0].Allowed {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(100), allowed.Load())
+	rs, err := l.AllowMany(context.Background(), quotas[1:])
+	require.NoError(t, err)
+	require.Equal(t, int64(101), rs[0].Count, "b counted the 100 admitted, and this one")
+}
+
+// A caller whose deadline passes while a Cluster's slots decide gets its
+// ctx's error, and no decision.
+func TestAllowManyCallerLeavesCluster(t *testing.T) {
+	e := clusterEnv(t)(t)
+	slow := onCommand("evalsha", func() { time.Sleep(300 * time.Millisecond) }, nil) // a slow server, not a wait
+	e.client = hookedClient(t, e.client, slow)
+	l := e.limiter()
+	mate := sameSlot(t, "user")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	rs, err := l.AllowMany(ctx, []ratelimit.Quota{
+		{ID: "user", Limit: ratelimit.PerMinute(5), Cost: 1},
+		{ID: mate, Limit: ratelimit.PerMinute(5), Cost: 1},
+		{ID: "tenant", Limit: ratelimit.PerMinute(5), Cost: 1},
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	for _, r := range rs {
+		require.False(t, r.Allowed)
+	}
+}

@@ -56,9 +56,10 @@ func newWindowTable(maxEntries int) *windowTable {
 	return t
 }
 
-func (t *windowTable) shard(id string) *tableShard {
-	return &t.shards[maphash.String(t.seed, id)%tableShards]
-}
+func (t *windowTable) shard(id string) *tableShard { return &t.shards[t.index(id)] }
+
+// index returns the index of id's shard.
+func (t *windowTable) index(id string) int { return int(maphash.String(t.seed, id) % tableShards) }
 
 // get returns the entry of id for the limit placed at p.
 func (t *windowTable) get(id string, p position) (windowEntry, bool) {

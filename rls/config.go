@@ -157,10 +157,20 @@ func LoadConfig(files []File) (*Config, error) {
 	return c, nil
 }
 
-// LoadDir loads the *.yaml and *.yml files of dir, in name order, with
-// LoadConfig; with ignoreDotFiles, not those whose names start with a dot.
-// Their names in errors are their paths.
+// LoadDir loads the configuration files of dir (see ReadDir) with
+// LoadConfig. Their names in errors are their paths.
 func LoadDir(dir string, ignoreDotFiles bool) (*Config, error) {
+	files, err := ReadDir(dir, ignoreDotFiles)
+	if err != nil {
+		return nil, err
+	}
+	return LoadConfig(files)
+}
+
+// ReadDir reads the configuration files of dir: its regular *.yaml and
+// *.yml files, in name order; with ignoreDotFiles, not those whose names
+// start with a dot. A program that watches dir compares what it reads.
+func ReadDir(dir string, ignoreDotFiles bool) ([]File, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -169,7 +179,7 @@ func LoadDir(dir string, ignoreDotFiles bool) (*Config, error) {
 	for _, e := range entries {
 		name := e.Name()
 		ext := filepath.Ext(name)
-		if e.IsDir() || ext != ".yaml" && ext != ".yml" || ignoreDotFiles && strings.HasPrefix(name, ".") {
+		if !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 || ext != ".yaml" && ext != ".yml" || ignoreDotFiles && strings.HasPrefix(name, ".") {
 			continue
 		}
 		data, err := readLimited(filepath.Join(dir, name))
@@ -178,7 +188,7 @@ func LoadDir(dir string, ignoreDotFiles bool) (*Config, error) {
 		}
 		files = append(files, File{Name: filepath.Join(dir, name), Data: data})
 	}
-	return LoadConfig(files)
+	return files, nil
 }
 
 // readLimited reads the file at path, refusing one over MaxConfigBytes.
@@ -213,7 +223,8 @@ func (c *Config) load(f File) error {
 		return fail(nil, "error loading config file: %v", err)
 	}
 	root := doc.Content[0]
-	if err := checkKeys(root, fail); err != nil {
+	budget := maxNodes
+	if err := checkKeys(root, &budget, fail); err != nil {
 		return err
 	}
 	var y yamlRoot
@@ -243,10 +254,17 @@ func (c *Config) load(f File) error {
 	return nil
 }
 
+// maxNodes bounds the nodes checkKeys visits in a file, aliases followed:
+// a file of nested aliases must not take it exponential time.
+const maxNodes = 1_000_000
+
 // checkKeys refuses a key of n, at any depth, that the format has not, and
 // lists of anything but maps: the reference's validateYamlKeys. Metadata is
-// free-form.
-func checkKeys(n *yaml.Node, fail func(*yaml.Node, string, ...any) error) error {
+// free-form. budget counts down the nodes it may still visit.
+func checkKeys(n *yaml.Node, budget *int, fail func(*yaml.Node, string, ...any) error) error {
+	if *budget--; *budget < 0 {
+		return fail(n, "config error, more than %d nodes (aliases expanded)", maxNodes)
+	}
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -260,7 +278,7 @@ func checkKeys(n *yaml.Node, fail func(*yaml.Node, string, ...any) error) error 
 			if k.Value == "metadata" {
 				continue
 			}
-			if err := checkKeys(v, fail); err != nil {
+			if err := checkKeys(v, budget, fail); err != nil {
 				return err
 			}
 		}
@@ -269,12 +287,12 @@ func checkKeys(n *yaml.Node, fail func(*yaml.Node, string, ...any) error) error 
 			if e.Kind != yaml.MappingNode {
 				return fail(e, "config error, yaml file contains list of type other than map: %v", e.Value)
 			}
-			if err := checkKeys(e, fail); err != nil {
+			if err := checkKeys(e, budget, fail); err != nil {
 				return err
 			}
 		}
 	case yaml.AliasNode:
-		return checkKeys(n.Alias, fail)
+		return checkKeys(n.Alias, budget, fail)
 	}
 	return nil
 }
@@ -459,7 +477,9 @@ func (c *Config) Domains() []string {
 // entry's key_value, then a wildcard of its level, then its key alone; only
 // a rule at the depth of the descriptor's last entry applies. A descriptor
 // that carries its own limit (RateLimitOverride) gets that limit, as in
-// the reference, unless its unit is unknown.
+// the reference, unless its unit is unknown; a rate the window cannot hold
+// exactly is lowered to the most it holds (a million a second holds; a
+// year holds 285,616), the safe side.
 func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 	root := c.domains[domain]
 	if root == nil {
@@ -477,10 +497,7 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 		}
 		key := descriptorKey(domain, entries)
 		r := &Rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, Key: key,
-			Limit: ratelimit.Limit{Rate: int64(o.GetRequestsPerUnit()), Window: u}}
-		if r.Limit.Rate > 0 && r.Limit.Validate() != nil {
-			return nil
-		}
+			Limit: ratelimit.Limit{Rate: min(int64(o.GetRequestsPerUnit()), maxRate(u)), Window: u}}
 		return &Match{Rule: r, ID: idOf(domain, entries, nil), MetricKey: key}
 	}
 	var rule *Rule
@@ -563,6 +580,10 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 	}
 	return m
 }
+
+// maxRate returns the most requests a window of length w holds exactly:
+// the library's Rate × window in ms is at most 2^53.
+func maxRate(w time.Duration) int64 { return (1 << 53) / w.Milliseconds() }
 
 // unitOf returns the length of a reference unit.
 func unitOf(u pb.RateLimitResponse_RateLimit_Unit) (time.Duration, bool) {

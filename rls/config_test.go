@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -227,4 +228,37 @@ func FuzzLoadConfig(f *testing.F) {
 			c.Match(domain, desc(key, value, key, value))
 		}
 	})
+}
+
+// A file of nested aliases (a billion nodes expanded) is refused quickly.
+func TestAliasBomb(t *testing.T) {
+	yaml := "domain: d\ndescriptors:\n  - key: l0\n    descriptors: &l0 [{key: a}, {key: b}, {key: c}, {key: d}, {key: e}, {key: f}, {key: g}, {key: h}, {key: i}, {key: j}]\n"
+	for i := 1; i <= 9; i++ {
+		yaml += fmt.Sprintf("  - key: l%d\n    descriptors: &l%d [", i, i)
+		for j := range 10 {
+			yaml += fmt.Sprintf("{key: k%d, descriptors: *l%d}, ", j, i-1)
+		}
+		yaml += "]\n"
+	}
+	_, err := LoadConfig([]File{{Name: "bomb.yaml", Data: []byte(yaml)}})
+	require.ErrorContains(t, err, "nodes (aliases expanded)")
+}
+
+func TestOverrideClamped(t *testing.T) {
+	c := load(t, referenceExample)
+	d := desc("database", "users")
+	d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 4_000_000_000, Unit: typev3.RateLimitUnit_YEAR}
+	m := c.Match("mongo_cps", d)
+	require.NotNil(t, m, "an override the window cannot hold exactly still limits")
+	require.Equal(t, int64(285_616), m.Rule.Limit.Rate)
+	require.NoError(t, m.Rule.Limit.Validate())
+}
+
+func TestReadDirSkipsDirectories(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(referenceExample), 0o644))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "old.yaml"), 0o755))
+	files, err := ReadDir(dir, false)
+	require.NoError(t, err)
+	require.Len(t, files, 1)
 }

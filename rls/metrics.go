@@ -5,6 +5,7 @@ package rls
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // default statsd-to-Prometheus mapping names them:
 // ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}
 // by domain, key1 and key2 (the rule's key, or with detailed_metric the
-// request's values, cut at its first two dots after the domain), in hits;
+// request's values: its first two parts after the domain, cleaned as the
+// reference cleans stat names), in hits;
 // ratelimit_service_response_time_seconds; ratelimit_service_should_rate_limit_error
 // by err_type (the gRPC code); ratelimit_service_global_shadow_mode; and
 // ratelimit_service_config_load_{success,error}.
@@ -84,23 +86,21 @@ func (m *Metrics) hits(domain string, d descriptor, quotas []ratelimit.Quota, re
 	if r.Unlimited {
 		return
 	}
-	key := strings.TrimPrefix(d.match.MetricKey, domain+".")
-	key1, key2, _ := strings.Cut(key, ".")
-	labels := []string{domain, key1, key2}
+	labels := metricLabels(domain, d.match.MetricKey)
 	h := float64(d.hits)
 	m.totalHits.WithLabelValues(labels...).Add(h)
 	limit := float64(r.RequestsPerUnit)
-	near := math.Floor(limit * ratio)
+	near := math.Floor(float64(float32(limit) * float32(ratio))) // in float32, as the reference
 	var before, after float64
 	overLimit := d.hits > 0
 	if d.quota >= 0 {
 		res := results[d.quota]
 		var counted bool
-		counted, overLimit = d.outcome(results)
+		counted, overLimit, _ = d.view(quotas, results)
 		// the count before and after this descriptor's hits, as its
 		// quota counted them in order (see descriptor.upTo)
 		before = float64(res.Count + d.upTo - d.hits)
-		if counted {
+		if counted && !res.Degraded {
 			before -= float64(quotas[d.quota].Cost)
 		}
 		after = before + h
@@ -121,4 +121,23 @@ func (m *Metrics) hits(domain string, d descriptor, quotas []ratelimit.Quota, re
 	if r.Shadow {
 		m.shadowMode.WithLabelValues(labels...).Add(overBy)
 	}
+}
+
+// ipv4 finds the IPv4 addresses in a metric's key, whose dots the
+// reference's SanitizeStatName replaces.
+var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
+
+// metricLabels returns the domain, key1 and key2 labels of a rule's metric
+// key (domain.key1.key2...), as the reference's default mapping makes them
+// of its stat name: ':' and '|' made '_', an IPv4 address's dots too, and
+// what follows key2 dropped.
+func metricLabels(domain, key string) []string {
+	key = strings.NewReplacer(":", "_", "|", "_").Replace(strings.TrimPrefix(key, domain+"."))
+	key = ipv4.ReplaceAllStringFunc(key, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
+	parts := strings.SplitN(key, ".", 3)
+	labels := []string{domain, parts[0], ""}
+	if len(parts) > 1 {
+		labels[2] = parts[1]
+	}
+	return labels
 }

@@ -156,15 +156,16 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		}
 	}
 	for i := range ds {
-		if m := ds[i].match; m != nil && m.Rule.Name != "" && replaced[m.Rule.Name] {
+		// an unlimited rule is not replaced: the reference sets it apart first
+		if m := ds[i].match; m != nil && !m.Rule.Unlimited && m.Rule.Name != "" && replaced[m.Rule.Name] {
 			ds[i].match = nil
 		}
 	}
-	if err := s.giveBack(ctx, ds); err != nil {
-		return nil, err
-	}
 	quotas, err := quotasOf(ds)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.giveBack(ctx, ds); err != nil {
 		return nil, err
 	}
 	results, err := s.allow(ctx, quotas)
@@ -179,8 +180,10 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
-		if st.CurrentLimit != nil && (nearest == nil || nearest.Code != pb.RateLimitResponse_OVER_LIMIT &&
-			(st.Code == pb.RateLimitResponse_OVER_LIMIT || st.LimitRemaining < nearest.LimitRemaining)) {
+		// the headers' descriptor, as the reference picks it: the last one
+		// over its limit, else the first of the least remaining
+		if st.CurrentLimit != nil && !d.negative && (nearest == nil || st.Code == pb.RateLimitResponse_OVER_LIMIT ||
+			nearest.Code != pb.RateLimitResponse_OVER_LIMIT && st.LimitRemaining < nearest.LimitRemaining) {
 			nearest = st
 		}
 		if m := s.opts.metrics; m != nil && d.match != nil && !d.negative {
@@ -220,9 +223,6 @@ func check(req *pb.RateLimitRequest) error {
 		return invalid("%d descriptors, more than %d", n, MaxDescriptors)
 	}
 	for i, d := range req.GetDescriptors() {
-		if d == nil || len(d.GetEntries()) == 0 {
-			return invalid("descriptor %d has no entries", i)
-		}
 		if len(d.GetEntries()) > MaxEntries {
 			return invalid("descriptor %d has %d entries, more than %d", i, len(d.GetEntries()), MaxEntries)
 		}
@@ -249,7 +249,8 @@ func (d *descriptor) decidedInRedis() bool {
 
 // quotasOf returns the quotas of ds's descriptors decided in Redis, and
 // sets each one's quota: two descriptors of one id and window are one
-// quota of their hits together, as the reference's two INCRBYs of one key.
+// quota of their hits together, as the reference's two INCRBYs of one key,
+// at the stricter of their rules.
 func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 	var quotas []ratelimit.Quota
 	for i := range ds {
@@ -260,9 +261,15 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 		limit := d.match.Rule.Limit
 		for q := range quotas {
 			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict {
+				// one count: decided at the stricter of the two rules (an
+				// override beside the configured rule), each descriptor's
+				// status against its own
 				d.quota = q
 				o.Cost = min(o.Cost+d.hits, MaxHits)
 				d.upTo = o.Cost
+				o.Limit.Rate = min(o.Limit.Rate, limit.Rate)
+				o.Limit.Shadow = o.Limit.Shadow && limit.Shadow
+				o.Limit.Leased = o.Limit.Leased && limit.Leased
 				break
 			}
 		}
@@ -320,6 +327,9 @@ func (s *Server) giveBack(ctx context.Context, ds []descriptor) error {
 		limit := d.match.Rule.Limit
 		limit.Leased = false
 		if err := s.limiter.GiveBack(ctx, d.match.ID, []ratelimit.Limit{limit}, d.hits); err != nil {
+			if s.opts.policy && !errors.Is(err, ctx.Err()) {
+				continue // a give-back lost in an outage leaves the count higher: the safe side; the Limiter reported it
+			}
 			return statusOf(ctx, err)
 		}
 	}
@@ -366,11 +376,7 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 		st.DurationUntilReset = durationpb.New(0)
 	default:
 		res := results[d.quota]
-		counted, isOver := d.outcome(results)
-		remaining := res.Remaining
-		if counted { // what was left after its own hits, before the later ones of its quota
-			remaining += quotas[d.quota].Cost - d.upTo
-		}
+		_, isOver, remaining := d.view(quotas, results)
 		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		wait := res.ResetAfter
 		if isOver {
@@ -389,15 +395,33 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 	return st
 }
 
-// outcome reports whether d's hits were counted, and whether its own
-// limit did not admit them: its quota's count before the request and the
-// hits of its quota up to its own are over the limit.
-func (d *descriptor) outcome(results []ratelimit.Result) (counted, over bool) {
+// view returns what the Result of d's quota says of d: whether its hits
+// were counted, whether its own rule did not admit them (its quota's count
+// before the request, with the hits of its quota up to its own, over its
+// rule's rate), and what remains of its rule after its hits, or before
+// them when they were not counted (0 when over). A Result the failure
+// policy made is taken as it is: its counts are this process's.
+func (d *descriptor) view(quotas []ratelimit.Quota, results []ratelimit.Result) (counted, over bool, remaining int64) {
 	res := results[d.quota]
-	if res.Allowed && !res.Shadowed {
-		return true, false
+	if res.Degraded {
+		counted = res.Allowed && !res.Shadowed
+		over = res.Shadowed || !res.Allowed && res.RetryAfter > 0
+		if over {
+			return counted, true, 0
+		}
+		return counted, false, res.Remaining
 	}
-	return false, res.Count+d.upTo > res.Limit.Rate
+	rate := d.match.Rule.Limit.Rate
+	// a Shadow quota is counted when it alone admits its cost, whatever the
+	// decision
+	if !res.Shadowed && (res.Allowed || res.Limit.Shadow) {
+		after := res.Count - quotas[d.quota].Cost + d.upTo
+		return true, false, max(0, rate-after)
+	}
+	if res.Count+d.upTo > rate {
+		return false, true, 0
+	}
+	return false, false, max(0, rate-res.Count)
 }
 
 // ceilSeconds returns d in whole seconds, rounded up.

@@ -180,20 +180,19 @@ func TestInvalidRequests(t *testing.T) {
 		limited[i] = desc("user", strings.Repeat("u", i+1))
 	}
 	for name, req := range map[string]*pb.RateLimitRequest{
-		"no domain":           {Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}},
-		"no descriptors":      {Domain: "api"},
-		"too many":            {Domain: "api", Descriptors: many},
-		"no entries":          {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{{}}},
-		"too many entries":    {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{long}},
-		"hits past 2^53":      {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{huge}},
-		"too many limited":    {Domain: "api", Descriptors: limited},
-		"a nil descriptor":    {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{nil}},
-		"an id of any length": nil,
+		"no domain":                    {Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}},
+		"no descriptors":               {Domain: "api"},
+		"too many":                     {Domain: "api", Descriptors: many},
+		"too many entries":             {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{long}},
+		"hits past 2^53":               {Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{huge}},
+		"too many limited":             {Domain: "api", Descriptors: limited},
+		"an id of any length":          nil,
+		"no entries, a nil descriptor": nil,
 	} {
 		t.Run(name, func(t *testing.T) {
 			if req == nil {
-				r := f.ask(t, 0, desc("user", strings.Repeat("\x00é", 100_000)))
-				require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+				r := f.ask(t, 0, desc("user", strings.Repeat("\x00é", 100_000)), &rlv3.RateLimitDescriptor{}, nil)
+				require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "matching nothing, as in the reference")
 				return
 			}
 			_, err := f.s.ShouldRateLimit(context.Background(), req)
@@ -275,4 +274,68 @@ func FuzzShouldRateLimit(f *testing.F) {
 		}
 		require.Len(t, resp.Statuses, 2)
 	})
+}
+
+// A shadow rule counts on its own beside a descriptor that refuses the
+// request, and its status says what remains after its hits.
+func TestShadowRuleBesideRefusal(t *testing.T) {
+	f := newFixture(t)
+	f.ask(t, 2, desc("user", "ann"))
+	r := f.ask(t, 0, desc("user", "ann"), desc("trial", "t"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[1].Code)
+	require.Zero(t, r.Statuses[1].LimitRemaining, "1 of 1 counted")
+	require.Positive(t, r.Statuses[1].DurationUntilReset.AsDuration(), "until that 1 is gone")
+}
+
+// A descriptor's own limit (Envoy's override) beside the configured rule
+// of the same entries: one count, each status against its own rule, as the
+// reference's two INCRBYs of one key.
+func TestOverrideBesideRule(t *testing.T) {
+	f := newFixture(t)
+	over := desc("tenant", "acme")
+	over.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 2} // a minute
+	r := f.ask(t, 0, desc("tenant", "acme"), over)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode, "2 hits on one count, over the override's 1")
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[1].Code)
+	r = f.ask(t, 0, over)
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "the refused request counted nothing")
+}
+
+func TestReplacedUnlimited(t *testing.T) {
+	f := newFixture(t)
+	f.s.SetConfig(load(t, `
+domain: api
+descriptors:
+  - key: open
+    rate_limit: {unlimited: true, name: open}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 10, replaces: [{name: open}]}
+`))
+	r := f.ask(t, 0, desc("open", "x"), desc("vip", "y"))
+	require.Equal(t, uint32(math.MaxUint32), r.Statuses[0].LimitRemaining, "an unlimited rule is not replaced, as in the reference")
+}
+
+// Under FailLocal, the statuses say what this process's share decided.
+func TestFailLocalStatuses(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := ratelimit.New(c, ratelimit.WithFailurePolicy(ratelimit.FailLocal), ratelimit.WithReplicas(4),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	s := NewServer(l, load(t, testConfig), WithFailurePolicy(true))
+	mr.Close()
+	codes := map[pb.RateLimitResponse_Code]int{}
+	for range 40 {
+		r, err := s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("tenant", "acme")}})
+		require.NoError(t, err)
+		codes[r.OverallCode]++
+	}
+	require.Equal(t, map[pb.RateLimitResponse_Code]int{pb.RateLimitResponse_OK: 25, pb.RateLimitResponse_OVER_LIMIT: 15}, codes, "a share of 100/4")
+}
+
+func TestMetricLabels(t *testing.T) {
+	require.Equal(t, []string{"edge", "remote_address_10_0_0_1", "path_x"}, metricLabels("edge", "edge.remote_address_10.0.0.1.path_x.more"))
+	require.Equal(t, []string{"d", "k_a_b_c", ""}, metricLabels("d", "d.k_a:b|c"))
 }

@@ -26,7 +26,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -396,19 +395,29 @@ type configWatcher struct {
 	log       *slog.Logger
 	seen      [sha256.Size]byte
 	loaded    bool
+	failed    string // the last error reading the directory, logged once
 }
 
 // poll loads the directory if its files are not those of the last poll.
 func (c *configWatcher) poll() {
-	sum, err := c.fingerprint()
-	if err == nil && c.loaded && sum == c.seen {
+	files, err := rls.ReadDir(c.dir, c.ignoreDot)
+	if err != nil {
+		if msg := err.Error(); msg != c.failed { // once, not every poll
+			c.failed = msg
+			if c.metrics != nil {
+				c.metrics.ConfigLoaded(err)
+			}
+			c.log.Error("ratelimit-rls: the configuration directory could not be read; the last good configuration stays", "error", err)
+		}
+		return
+	}
+	c.failed = ""
+	sum := fingerprint(files)
+	if c.loaded && sum == c.seen {
 		return
 	}
 	c.seen, c.loaded = sum, true
-	var cfg *rls.Config
-	if err == nil {
-		cfg, err = rls.LoadDir(c.dir, c.ignoreDot)
-	}
+	cfg, err := rls.LoadConfig(files)
 	if c.metrics != nil {
 		c.metrics.ConfigLoaded(err)
 	}
@@ -420,28 +429,16 @@ func (c *configWatcher) poll() {
 	c.log.Info("ratelimit-rls: configuration loaded", "dir", c.dir, "domains", cfg.Domains())
 }
 
-// fingerprint returns a digest of the names and contents of the
-// directory's YAML files: what a change of any of them, or of the
-// directory a symbolic link points to, changes.
-func (c *configWatcher) fingerprint() ([sha256.Size]byte, error) {
+// fingerprint returns a digest of the names and contents of files: what a
+// change of any of them, or of the directory a symbolic link points to,
+// changes.
+func fingerprint(files []rls.File) [sha256.Size]byte {
 	h := sha256.New()
-	entries, err := os.ReadDir(c.dir)
-	if err != nil {
-		return [sha256.Size]byte{}, err
-	}
-	for _, e := range entries {
-		ext := filepath.Ext(e.Name())
-		if ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(c.dir, e.Name()))
-		if err != nil {
-			return [sha256.Size]byte{}, err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", e.Name(), len(data))
-		h.Write(data)
+	for _, f := range files {
+		fmt.Fprintf(h, "%s\x00%d\x00", f.Name, len(f.Data))
+		h.Write(f.Data)
 	}
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
-	return sum, nil
+	return sum
 }
