@@ -554,6 +554,12 @@ func (d *decision) derive() {
 		}
 		d.results[s.at] = res
 	}
+	d.share()
+}
+
+// share gives every Result the one decision, d.allowed: an allowed
+// request's enforced limits wait for nothing.
+func (d *decision) share() {
 	for i := range d.results {
 		r := &d.results[i]
 		r.Allowed = d.allowed

@@ -328,11 +328,5 @@ func (d *decision) deriveMany() {
 		}
 		d.results[s.at] = res
 	}
-	for i := range d.results {
-		r := &d.results[i]
-		r.Allowed = d.allowed
-		if d.allowed && !r.Limit.Shadow {
-			r.RetryAfter = 0
-		}
-	}
+	d.share()
 }

@@ -165,14 +165,7 @@ func TestService(t *testing.T) {
 	require.Contains(t, s.log.String(), "not honoured: REDIS_PIPELINE_WINDOW")
 	c := s.client(t)
 	ctx := context.Background()
-	for range 2 {
-		r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
-		require.NoError(t, err)
-		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
-	}
-	r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
-	require.NoError(t, err)
-	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	r := fillUser(t, c, desc("user", "ann"), desc("tenant", "acme"))
 	require.Equal(t, uint32(98), r.Statuses[1].LimitRemaining, "the refused request is counted under no descriptor")
 	require.Len(t, r.ResponseHeadersToAdd, 3)
 
@@ -246,17 +239,20 @@ func TestCluster(t *testing.T) {
 	s := start(t, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","))
 	c := s.client(t)
 	ctx := context.Background()
-	for range 2 {
-		r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
-		require.NoError(t, err)
-		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
-	}
-	r, err := ask(ctx, c, desc("tenant", "acme"), desc("user", "ann"))
-	require.NoError(t, err)
-	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
-	r, err = ask(ctx, c, desc("tenant", "acme"))
+	fillUser(t, c, desc("tenant", "acme"), desc("user", "ann"))
+	r, err := ask(ctx, c, desc("tenant", "acme"))
 	require.NoError(t, err)
 	require.Equal(t, uint32(97), r.Statuses[0].LimitRemaining, "2 counted, the refused one given back, this one")
+}
+
+// Under Sentinel (REDIS_TYPE=sentinel, REDIS_URL the master's name, then
+// the Sentinels), as the reference reads it.
+func TestSentinel(t *testing.T) {
+	master := testredis.Start(t)
+	sentinel := testredis.StartSentinel(t, "mymaster", master)
+	s := start(t, "REDIS_TYPE=sentinel", "REDIS_URL=mymaster,"+sentinel)
+	r := fillUser(t, s.client(t), desc("user", "ann"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code)
 }
 
 // mTLS, as Envoy Gateway uses it: a client with a certificate the CA signed
@@ -289,6 +285,22 @@ func TestMutualTLS(t *testing.T) {
 	require.Error(t, dial(ca.issue(t, "other.example").pair(t)), "another SAN")
 	_, err := ask(context.Background(), s.client(t), desc("user", "plain"))
 	require.Error(t, err, "no TLS at all")
+}
+
+// fillUser sends the user ann's 2 a minute with the tenant acme, then ds,
+// and returns the answer to ds, which is over the user's limit.
+func fillUser(t *testing.T, c pb.RateLimitServiceClient, ds ...*rlv3.RateLimitDescriptor) *pb.RateLimitResponse {
+	t.Helper()
+	ctx := context.Background()
+	for range 2 {
+		r, err := ask(ctx, c, desc("user", "ann"), desc("tenant", "acme"))
+		require.NoError(t, err)
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	}
+	r, err := ask(ctx, c, ds...)
+	require.NoError(t, err)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	return r
 }
 
 // waitFor polls cond, a state of the process under test, until it holds.

@@ -126,3 +126,37 @@ func StartCluster(t testing.TB) []string {
 	}
 	return addrs
 }
+
+// StartSentinel starts a Sentinel on a free port that monitors master
+// under name, and returns its address once it answers for name's master.
+func StartSentinel(t testing.TB, name string, master *Server) string {
+	t.Helper()
+	program, _ := Program(t)
+	port := FreePort(t)
+	dir := t.TempDir()
+	host, mport, _ := net.SplitHostPort(master.Addr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n", port, dir, name, host, mport)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(program, conf, "--sentinel")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	t.Cleanup(s.Stop)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	defer sc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		addr, err := sc.GetMasterAddrByName(context.Background(), name).Result()
+		if err == nil && len(addr) == 2 && net.JoinHostPort(addr[0], addr[1]) == master.Addr {
+			return s.Addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Sentinel on %s does not know %s: %v %v", s.Addr, name, addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the Sentinel starting
+	}
+}
