@@ -58,6 +58,16 @@ var ErrEvictionPolicy = transport.ErrEvictionPolicy
 // call are decided as usual.
 var ErrBadReply = script.ErrBadReply
 
+// Errors of a Slot's Release and Extend.
+var (
+	// ErrInvalidSlot is returned by Release and Extend for a Slot that was
+	// not Acquired: the zero Slot, or one Acquire refused.
+	ErrInvalidSlot = errors.New("ratelimit: not a slot that Acquire acquired")
+	// ErrLeaseEnded is returned by Extend when the slot's lease has ended:
+	// the slot is no longer held, and may be someone else's.
+	ErrLeaseEnded = errors.New("ratelimit: the slot's lease has ended")
+)
+
 // Errors returned by Wait and WaitN, besides those of AllowN.
 var (
 	// ErrNeverAllowed is returned by WaitN, at once, for a cost above the

@@ -142,7 +142,7 @@ func clusterEnv(t *testing.T) newEnv {
 
 // limiterACL is what a Limiter's Redis ACL user is granted (docs/failure-modes.md
 // gives it), but for the key pattern, which the tests' env sets.
-const limiterACL = "-@all +evalsha +eval +mget +get +exists +set +incrby +decrby +del +time"
+const limiterACL = "-@all +evalsha +eval +mget +get +exists +set +incrby +decrby +del +time +zadd +zrem +zrange +zcard +zremrangebyscore +zscore +pexpireat"
 
 // aclEnv starts one redis-server for all the tests it serves, with an ACL
 // user granted only limiterACL on the keys of prefixes that start with

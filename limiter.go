@@ -159,6 +159,10 @@ type Limiter struct {
 	denied      *denyCache           // nil unless WithDenyCache
 	local       *localWindows        // nil unless FailLocal
 	leases      *leaseTable
+	localSlots  localSlots // FailLocal's slots
+	// slotsAcquired and slotsReleased count Acquire's slots and their
+	// Releases, for Stats.
+	slotsAcquired, slotsReleased atomic.Int64
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
 }
@@ -339,6 +343,12 @@ type Stats struct {
 	// leases without either: their counts are gone.)
 	LeaseUnitsGivenBack int64
 	LeaseUnitsLost      int64
+	// SlotsAcquired counts the concurrency slots Acquire took since New
+	// (in Redis, or by the failure policy), and SlotsReleased those given
+	// back by Release: their difference is what this process holds, less
+	// the slots whose leases ended unreleased.
+	SlotsAcquired int64
+	SlotsReleased int64
 }
 
 // Stats returns a snapshot of the Limiter's local state.
@@ -347,6 +357,7 @@ func (l *Limiter) Stats() Stats {
 	if l.t != nil {
 		s.BreakerOpen = l.t.BreakerOpen()
 	}
+	s.SlotsAcquired, s.SlotsReleased = l.slotsAcquired.Load(), l.slotsReleased.Load()
 	if l.denied != nil {
 		s.DenyCacheEntries = l.denied.table.size()
 	}

@@ -71,9 +71,9 @@ type Event struct {
 	// Err is the Redis error the failure policy decided on; nil when Redis
 	// decided. For a charge or a refund, the error it returned.
 	Err error
-	// Kind says whether the Event is of a decision, a Charge or a Refund
-	// (these two only for a CallObserver). A refund's Results are those it
-	// was given, and its Cost what it gave back.
+	// Kind says whether the Event is of a decision, a Charge, a Refund or
+	// an Acquire (these three only for a CallObserver). A refund's Results
+	// are those it was given, and its Cost what it gave back.
 	Kind EventKind
 	// Left (only for a CallObserver) reports that the caller's ctx was done
 	// before Redis answered:
@@ -84,6 +84,8 @@ type Event struct {
 	// Allowed is false, and Duration runs from the call's start to its
 	// failure.
 	Left bool
+	// Concurrency is the limit of an Acquire's Event; zero for others.
+	Concurrency Concurrency
 
 	results []Result // Results' storage, reused
 }
@@ -99,9 +101,13 @@ const (
 	EventCharge
 	// EventRefund is of a Refund.
 	EventRefund
+	// EventAcquire is of an Acquire (for a CallObserver only): Allowed
+	// says whether it acquired, Concurrency is the limit, Results are
+	// none.
+	EventAcquire
 )
 
-// String returns "decision", "charge" or "refund".
+// String returns "decision", "charge", "refund" or "acquire".
 func (k EventKind) String() string {
 	switch k {
 	case EventDecision:
@@ -110,6 +116,8 @@ func (k EventKind) String() string {
 		return "charge"
 	case EventRefund:
 		return "refund"
+	case EventAcquire:
+		return "acquire"
 	}
 	return "unknown"
 }

@@ -258,3 +258,45 @@ func HonoursContext(client redis.UniversalClient) bool {
 	}
 	return false
 }
+
+// Eval runs sc, a script of its own (not the decider), on keys and args, on
+// the server of keys[0]: asked of that server's breaker and judged by it,
+// within the Limiter's timeout, sent once (a call that may have run is
+// never sent again), and returns the reply's integers. Not batched; a
+// caller who leaves first gets its ctx's error, and the call, if sent, may
+// still run.
+func (t *Transport) Eval(ctx context.Context, sc *script.Script, keys []string, args ...any) ([]int64, error) {
+	if expired(ctx) {
+		return nil, ctxErr(ctx)
+	}
+	wire, cancel, _ := t.deadline(ctx)
+	defer cancel()
+	srv, err := t.serverFor(wire, wire, keys[0])
+	if err != nil {
+		return nil, t.explain(wire, srv, err)
+	}
+	probe := false
+	if b := srv.breaker; b != nil {
+		ok, p := b.allow()
+		if !ok {
+			t.reload()
+			return nil, t.explain(wire, srv, ErrCircuitOpen)
+		}
+		probe = p
+	}
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "evalsha", sc.SHA, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	cmd = append(cmd, args...)
+	vals, err := run(wire, t, func(ctx context.Context) ([]int64, error) { return eval(ctx, t.client, sc, cmd, 0) })
+	t.judge(wire, srv, probe, err)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, t.explain(wire, srv, err)
+	}
+	return vals, nil
+}

@@ -1,0 +1,318 @@
+package ratelimit_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/redistest"
+)
+
+func TestConcurrencyMiniredis(t *testing.T) {
+	t.Parallel()
+	runConcurrency(t, miniredisEnv)
+}
+
+func TestConcurrencyRedisServer(t *testing.T) {
+	t.Parallel()
+	runConcurrency(t, serverEnv(t))
+}
+
+func TestConcurrencyRedisCluster(t *testing.T) {
+	t.Parallel()
+	runConcurrency(t, clusterEnv(t))
+}
+
+func TestConcurrencyACL(t *testing.T) {
+	t.Parallel()
+	e := aclEnv(t)(t)
+	testAcquireRelease(t, e)
+}
+
+// runConcurrency runs every test of Acquire's meaning against one kind of
+// Redis.
+func runConcurrency(t *testing.T, mk newEnv) {
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T, env)
+	}{
+		{"AcquireRelease", testAcquireRelease},
+		{"LeaseEnds", testLeaseEnds},
+		{"InvalidInput", testAcquireInvalidInput},
+		{"OtherLimiter", testSlotOfOtherLimiter},
+		{"NeverMoreThanMax", testNeverMoreThanMax},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, mk(t)) })
+	}
+}
+
+func testAcquireRelease(t *testing.T, e env) {
+	l := e.limiter()
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 2, Lease: time.Minute, Name: "export"}
+	a, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.Equal(t, []any{true, int64(1), int64(1), time.Duration(0)}, []any{a.Acquired, a.InFlight, a.Remaining, a.RetryAfter})
+	b, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.Equal(t, []any{true, int64(2), int64(0)}, []any{b.Acquired, b.InFlight, b.Remaining})
+	full, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.False(t, full.Acquired)
+	require.Equal(t, int64(2), full.InFlight)
+	require.Positive(t, full.RetryAfter)
+	require.LessOrEqual(t, full.RetryAfter, c.Lease, "until the earliest lease ends")
+	require.ErrorIs(t, full.Release(ctx), ratelimit.ErrInvalidSlot, "a slot not acquired")
+	require.ErrorIs(t, full.Extend(ctx), ratelimit.ErrInvalidSlot)
+	require.Equal(t, c, full.Concurrency)
+
+	require.NoError(t, a.Extend(ctx))
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, a.Release(ctx), "a second Release does nothing")
+	require.ErrorIs(t, a.Extend(ctx), ratelimit.ErrLeaseEnded, "a released slot")
+	again, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.True(t, again.Acquired, "the released slot is free")
+	require.Equal(t, int64(2), again.InFlight)
+	other, err := l.Acquire(ctx, "u", ratelimit.Concurrency{Max: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, other.Acquired, "a limit of another name is counted apart")
+	var zero ratelimit.Slot
+	require.ErrorIs(t, zero.Release(ctx), ratelimit.ErrInvalidSlot)
+	require.ErrorIs(t, zero.Extend(ctx), ratelimit.ErrInvalidSlot)
+	s := l.Stats()
+	require.Equal(t, []int64{4, 1}, []int64{s.SlotsAcquired, s.SlotsReleased})
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, again.Release(ctx))
+	require.NoError(t, other.Release(ctx))
+	require.Empty(t, e.keys(t), "an id that holds no slot keeps no key")
+}
+
+// A lease ends on Redis's clock: its slot is free again, Release of it does
+// nothing, Extend of it is ErrLeaseEnded.
+func testLeaseEnds(t *testing.T, e env) {
+	l := e.limiter()
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 1, Lease: 30 * time.Millisecond}
+	held, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.True(t, held.Acquired)
+	var next ratelimit.Slot
+	deadline := time.Now().Add(10 * time.Second)
+	for !next.Acquired {
+		require.True(t, time.Now().Before(deadline), "the lease never ended")
+		next, err = l.Acquire(ctx, "u", c)
+		require.NoError(t, err)
+		if !next.Acquired {
+			require.LessOrEqual(t, next.RetryAfter, c.Lease)
+			time.Sleep(next.RetryAfter) // Redis's clock, which the test cannot move
+		}
+	}
+	require.NoError(t, held.Release(ctx), "after its lease ended: nothing to do")
+	require.ErrorIs(t, held.Extend(ctx), ratelimit.ErrLeaseEnded)
+	require.NoError(t, next.Extend(ctx), "the new holder's slot was not freed")
+	full, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.False(t, full.Acquired)
+}
+
+func testAcquireInvalidInput(t *testing.T, e env) {
+	l := e.limiter()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		id   string
+		c    ratelimit.Concurrency
+		is   error
+		says string
+	}{
+		{"u", ratelimit.Concurrency{Max: 0, Lease: time.Second}, ratelimit.ErrInvalidLimit, "Max 0"},
+		{"u", ratelimit.Concurrency{Max: 1, Lease: 0}, ratelimit.ErrInvalidLimit, "Lease 0s"},
+		{"u", ratelimit.Concurrency{Max: 1, Lease: 1500 * time.Microsecond}, ratelimit.ErrInvalidLimit, "Lease 1.5ms is not a whole number"},
+		{"", ratelimit.Concurrency{Max: 1, Lease: time.Second}, ratelimit.ErrInvalidID, "id is empty"},
+	} {
+		s, err := l.Acquire(ctx, tc.id, tc.c)
+		require.ErrorIs(t, err, tc.is)
+		require.ErrorContains(t, err, tc.says)
+		require.False(t, s.Acquired)
+	}
+	require.Empty(t, e.keys(t), "nothing is sent for invalid input")
+	_, err := ratelimit.New(nil).Acquire(ctx, "u", ratelimit.Concurrency{Max: 1, Lease: time.Second})
+	require.ErrorIs(t, err, ratelimit.ErrNilClient)
+}
+
+// A Slot releases in its own Limiter's keys, and nothing else's.
+func testSlotOfOtherLimiter(t *testing.T, e env) {
+	ctx := context.Background()
+	a := e.limiter()
+	b := e.limiter(ratelimit.WithPrefix(e.prefix + "-b"))
+	c := ratelimit.Concurrency{Max: 1, Lease: time.Minute}
+	sa, err := a.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	sb, err := b.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.True(t, sa.Acquired && sb.Acquired, "two prefixes, two sets of slots")
+	require.NoError(t, sa.Release(ctx))
+	again, err := b.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.False(t, again.Acquired, "b's slot is still held")
+	require.NoError(t, sb.Release(ctx))
+}
+
+// 4 Limiters × 8 goroutines on one id, Max 5, random hold times: a monitor
+// raised after Acquired and lowered before Release never sees more than 5;
+// with demand under Max, every acquisition succeeds.
+func testNeverMoreThanMax(t *testing.T, e env) {
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 5, Lease: time.Minute}
+	limiters := make([]*ratelimit.Limiter, 4)
+	for i := range limiters {
+		limiters[i] = e.limiter()
+	}
+	var inFlight, most, acquired, refused atomic.Int64
+	var first firstError
+	work := func(l *ratelimit.Limiter, n int) {
+		for range n {
+			s, err := l.Acquire(ctx, "shared", c)
+			if err != nil {
+				first.report(err)
+				return
+			}
+			if !s.Acquired {
+				refused.Add(1)
+				continue
+			}
+			acquired.Add(1)
+			now := inFlight.Add(1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond) // the work the slot is held for
+			inFlight.Add(-1)
+			if err := s.Release(ctx); err != nil {
+				first.report(err)
+				return
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, l := range limiters {
+		for range 8 {
+			wg.Go(func() { work(l, 20) })
+		}
+	}
+	wg.Wait()
+	require.NoError(t, first.get())
+	require.LessOrEqual(t, most.Load(), c.Max, "never more than Max in flight")
+	require.Positive(t, acquired.Load())
+	require.Positive(t, refused.Load(), "32 goroutines against 5 slots are refused sometimes")
+
+	acquired.Store(0)
+	refused.Store(0)
+	for i := range 4 { // demand under Max
+		wg.Go(func() { work(limiters[i], 20) })
+	}
+	wg.Wait()
+	require.NoError(t, first.get())
+	require.Equal(t, int64(80), acquired.Load(), "every acquisition succeeds under Max")
+	require.Empty(t, e.keys(t))
+}
+
+// When Redis cannot decide: FailOpen acquires, Degraded; FailClosed does
+// not, and returns the error; FailLocal holds this process's share.
+func TestAcquireFailurePolicies(t *testing.T) {
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 8, Lease: time.Minute}
+	for _, p := range policyCases {
+		t.Run(p.name, func(t *testing.T) {
+			h := &errorLog{}
+			l := ratelimit.New(downClient(t), p.with(ratelimit.WithErrorHandler(h.handle))...)
+			s, err := l.Acquire(ctx, "u", c)
+			require.True(t, s.Degraded)
+			require.NotEmpty(t, h.all(), "the error handler hears of it")
+			switch p.policy {
+			case ratelimit.FailClosed:
+				require.ErrorIs(t, err, ratelimit.ErrUnavailable)
+				require.False(t, s.Acquired)
+			case ratelimit.FailOpen:
+				require.NoError(t, err)
+				require.True(t, s.Acquired)
+				require.NoError(t, s.Release(ctx))
+				require.NoError(t, s.Extend(ctx))
+			case ratelimit.FailLocal: // a share of 8/4
+				require.NoError(t, err)
+				require.True(t, s.Acquired)
+				s2, _ := l.Acquire(ctx, "u", c)
+				s3, _ := l.Acquire(ctx, "u", c)
+				require.True(t, s2.Acquired)
+				require.False(t, s3.Acquired, "the share of 2 is held")
+				require.Positive(t, s3.RetryAfter)
+				require.LessOrEqual(t, s3.RetryAfter, c.Lease, "until the earliest local lease ends")
+				require.NoError(t, s2.Extend(ctx))
+				require.NoError(t, s2.Release(ctx))
+				s4, _ := l.Acquire(ctx, "u", c)
+				require.True(t, s4.Acquired, "released here")
+			}
+		})
+	}
+}
+
+// The slots of a process killed while it held them are free again once
+// their leases end, seen from another process.
+func TestCrashedHolder(t *testing.T) {
+	if addr := os.Getenv("RATELIMIT_SLOT_HOLDER"); addr != "" {
+		holdSlotsAndWait(addr)
+		return
+	}
+	srv := redistest.Start(t)
+	c := ratelimit.Concurrency{Max: 3, Lease: 500 * time.Millisecond}
+	child := exec.Command(os.Args[0], "-test.run", "^TestCrashedHolder$")
+	child.Env = append(os.Environ(), "RATELIMIT_SLOT_HOLDER="+srv.Addr)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "held 3\n", line)
+	held := time.Now() // the child acquired its 3 slots before it said so
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+
+	l := ratelimit.New(newClient(t, &redis.Options{Addr: srv.Addr}), ratelimit.WithTimeout(time.Minute))
+	s, err := l.Acquire(context.Background(), "crash", c)
+	require.NoError(t, err)
+	require.False(t, s.Acquired, "the dead holder's slots are held until their leases end")
+	for !s.Acquired {
+		time.Sleep(5 * time.Millisecond) // Redis's clock, which the test cannot move
+		s, err = l.Acquire(context.Background(), "crash", c)
+		require.NoError(t, err)
+	}
+	free := time.Since(held)
+	t.Logf("free again %v after the holder said it held them (Lease %v)", free, c.Lease)
+	require.Less(t, free, c.Lease+100*time.Millisecond)
+}
+
+// holdSlotsAndWait is the child of TestCrashedHolder: it takes 3 slots,
+// says so, and waits to be killed.
+func holdSlotsAndWait(addr string) {
+	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: addr}), ratelimit.WithTimeout(time.Minute))
+	c := ratelimit.Concurrency{Max: 3, Lease: 500 * time.Millisecond}
+	for range 3 {
+		if s, err := l.Acquire(context.Background(), "crash", c); err != nil || !s.Acquired {
+			fmt.Println("could not acquire:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println("held 3")
+	select {}
+}
