@@ -118,3 +118,39 @@ func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result)
 	}
 	return md
 }
+
+// slotName is a concurrency limit's name in the metadata: its Name, or
+// "<Max>-concurrent".
+func slotName(c ratelimit.Concurrency) string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return strconv.FormatInt(c.Max, 10) + "-concurrent"
+}
+
+// slotMD adds what slot says to md (made anew if nil): the concurrency
+// limit's ratelimit-policy item, qu="concurrent-requests", and its
+// ratelimit item; for a full limit, which then binds, ratelimit-limit,
+// ratelimit-remaining, ratelimit-reset and retry-after. A Degraded slot
+// adds its policy only, as httplimit's headers do.
+func slotMD(md metadata.MD, slot ratelimit.Slot) metadata.MD {
+	if md == nil {
+		md = metadata.MD{}
+	}
+	q := PolicyName(ratelimit.Limit{Name: slotName(slot.Concurrency)})
+	md[HeaderPolicy] = append(append([]string(nil), md[HeaderPolicy]...), q+";q="+strconv.FormatInt(slot.Concurrency.Max, 10)+`;qu="concurrent-requests"`)
+	if slot.Degraded {
+		return md
+	}
+	wait := strconv.FormatInt(max(1, int64((slot.RetryAfter+time.Second-1)/time.Second)), 10)
+	item := q + ";r=" + strconv.FormatInt(slot.Remaining, 10)
+	if !slot.Acquired {
+		item += ";t=" + wait
+		md[HeaderLimit] = []string{strconv.FormatInt(slot.Concurrency.Max, 10)}
+		md[HeaderRemaining] = []string{"0"}
+		md[HeaderReset] = []string{wait}
+		md[HeaderRetryAfter] = []string{wait}
+	}
+	md[HeaderRateLimit] = append(append([]string(nil), md[HeaderRateLimit]...), item)
+	return md
+}

@@ -162,6 +162,10 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx, md, d, err := in.decide(ctx, info.FullMethod)
+		var slot ratelimit.Slot
+		if err == nil && d != nil {
+			slot, md, err = in.acquire(ctx, info.FullMethod, d, md)
+		}
 		if md != nil {
 			// It fails only when the call has no stream or its header is
 			// already sent; neither is so before the handler runs.
@@ -172,6 +176,9 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 		}
 		if d == nil {
 			return handler(ctx, req)
+		}
+		if slot.Acquired {
+			defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
 		}
 		code := codes.Internal // if the handler panics
 		defer func() { in.settle(ctx, info.FullMethod, d, code) }()
@@ -190,6 +197,10 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx, md, d, err := in.decide(ss.Context(), info.FullMethod)
+		var slot ratelimit.Slot
+		if err == nil && d != nil {
+			slot, md, err = in.acquire(ctx, info.FullMethod, d, md)
+		}
 		if md != nil {
 			_ = ss.SetHeader(md)
 		}
@@ -199,6 +210,10 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 		if d == nil {
 			return handler(srv, ss)
 		}
+		if slot.Acquired {
+			stop := holdSlot(ctx, slot)
+			defer stop()
+		}
 		ws := &decidedStream{ServerStream: ss, ctx: ctx}
 		code := codes.Internal // if the handler panics
 		defer func() { in.settle(ws.ctx, info.FullMethod, d, code) }()
@@ -206,6 +221,77 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 		code = status.Code(err)
 		return err
 	}, nil
+}
+
+// acquire takes a slot of WithConcurrency's limit for the call d allowed,
+// if the option is given, and adds its items to md. When the limit is full,
+// or the Limiter fails, d is refunded (counted by neither) and the call's
+// status error is returned.
+func (in *interceptor) acquire(ctx context.Context, fullMethod string, d *decided, md metadata.MD) (ratelimit.Slot, metadata.MD, error) {
+	c := in.cfg.slots
+	if c == nil || d.limiter == nil {
+		return ratelimit.Slot{}, md, nil
+	}
+	slot, err := in.limiter.Acquire(ctx, d.id, *c)
+	if err != nil || !slot.Acquired {
+		_ = in.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)
+	}
+	if err != nil {
+		return slot, md, in.errorStatus(ctx, fullMethod, err)
+	}
+	md = slotMD(md, slot)
+	if !slot.Acquired {
+		if in.cfg.denied != nil {
+			if err := in.cfg.denied(ctx, fullMethod); err != nil {
+				return slot, md, err
+			}
+		}
+		return slot, md, slotDenied(slot)
+	}
+	return slot, md, nil
+}
+
+// holdSlot extends slot's lease every half lease until the returned func
+// is called, which releases it: a stream holds its slot for its life.
+func holdSlot(ctx context.Context, slot ratelimit.Slot) (stop func()) {
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(max(time.Millisecond, slot.Concurrency.Lease/2))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := slot.Extend(context.WithoutCancel(ctx)); errors.Is(err, ratelimit.ErrLeaseEnded) {
+					return // lost: nothing more to extend
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+		_ = slot.Release(context.WithoutCancel(ctx))
+	}
+}
+
+// slotDenied is the status of a call the full concurrency limit refused:
+// ResourceExhausted with a RetryInfo of the wait until the earliest held
+// lease ends.
+func slotDenied(slot ratelimit.Slot) error {
+	name := PolicyName(ratelimit.Limit{Name: slotName(slot.Concurrency)})
+	if slot.Degraded {
+		return status.Errorf(codes.ResourceExhausted,
+			"grpclimit: concurrency limit %s full (decided locally while Redis is unavailable)", name)
+	}
+	st := status.Newf(codes.ResourceExhausted, "grpclimit: concurrency limit %s full; retry in %v", name, slot.RetryAfter.Round(time.Millisecond))
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(slot.RetryAfter)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
 }
 
 // decided is what a call's context carries of its decision, for

@@ -54,7 +54,8 @@ type config struct {
 	onShadow func(ctx context.Context, fullMethod string, res ratelimit.Result)
 	denied   func(ctx context.Context, fullMethod string) error
 	onError  func(ctx context.Context, fullMethod string, err error) error
-	errs     []error // what the options found wrong; NewUnary reports them
+	slots    *ratelimit.Concurrency // WithConcurrency
+	errs     []error                // what the options found wrong; NewUnary reports them
 }
 
 // WithCountIf counts a call only if fn, given the status code its handler
@@ -366,4 +367,31 @@ func checkMethodLimits(name string, limits []ratelimit.Limit) error {
 // it.
 func WithCost(fn func(ctx context.Context, fullMethod string) int64) Option {
 	return optionFunc(func(c *config) { c.cost = fn })
+}
+
+// WithConcurrency has each call hold one of c's slots while its handler
+// runs: at most c.Max calls of a caller (its identity, as the plan counts
+// it) in flight at once, across every server sharing the Redis. A unary
+// call releases its slot when its handler returns or panics; a stream
+// holds it for its life, extending its lease every c.Lease/2 while it
+// runs, and releases it when its handler returns. A server that dies
+// holding slots loses them when c.Lease ends.
+//
+// A call must pass both the plan and the concurrency limit, in that order,
+// as in httplimit.WithConcurrency: one the full limit refuses is refunded
+// to the plan, so that neither counts it. A full limit is
+// codes.ResourceExhausted with a google.rpc.RetryInfo of the wait until the
+// earliest held lease ends, ratelimit-limit the limit's Max,
+// ratelimit-remaining 0, retry-after, and a ratelimit-policy item of
+// qu="concurrent-requests" (ratelimit's with r and t); a call that holds a
+// slot carries the items too. Under the failure policies a slot is as
+// ratelimit.Limiter.Acquire decides it.
+func WithConcurrency(c ratelimit.Concurrency) Option {
+	return optionFunc(func(cfg *config) {
+		if err := c.Validate(); err != nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: WithConcurrency: %w", err))
+			return
+		}
+		cfg.slots = &c
+	})
 }

@@ -191,3 +191,52 @@ func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result
 		h.Set(HeaderRetryAfter, strconv.FormatInt(ResetSeconds(binding), 10))
 	}
 }
+
+// slotPolicy returns the concurrency limit's item of RateLimit-Policy:
+// its name, as PolicyName gives a limit's ("<Max>-concurrent" for none),
+// its Max and qu="concurrent-requests".
+func slotPolicy(c ratelimit.Concurrency) (name, item string) {
+	name = c.Name
+	if name == "" {
+		name = strconv.FormatInt(c.Max, 10) + "-concurrent"
+	}
+	name = sfString(name)
+	return name, name + ";q=" + strconv.FormatInt(c.Max, 10) + `;qu="concurrent-requests"`
+}
+
+// setSlotHeaders adds what slot says to the headers a decision set: the
+// concurrency limit's items in RateLimit-Policy and RateLimit; and for a
+// full limit, Retry-After and the X-RateLimit headers of the concurrency
+// limit, which is then the binding one. A Degraded slot adds its policy
+// only.
+func setSlotHeaders(h http.Header, set HeaderSet, slot ratelimit.Slot) {
+	name, item := slotPolicy(slot.Concurrency)
+	wait := max(1, seconds(slot.RetryAfter))
+	if set&IETFHeaders != 0 {
+		appendItem(h, HeaderPolicy, item)
+		if !slot.Degraded {
+			rl := name + ";r=" + strconv.FormatInt(slot.Remaining, 10)
+			if !slot.Acquired {
+				rl += ";t=" + strconv.FormatInt(wait, 10)
+			}
+			appendItem(h, HeaderRateLimit, rl)
+		}
+	}
+	if slot.Acquired || slot.Degraded {
+		return
+	}
+	if set&XRateLimitHeaders != 0 {
+		h.Set(HeaderLimit, strconv.FormatInt(slot.Concurrency.Max, 10))
+		h.Set(HeaderRemaining, "0")
+		h.Set(HeaderReset, strconv.FormatInt(wait, 10))
+	}
+	h.Set(HeaderRetryAfter, strconv.FormatInt(wait, 10))
+}
+
+// appendItem appends item to the list header name holds, if any.
+func appendItem(h http.Header, name, item string) {
+	if v := h.Get(name); v != "" {
+		item = v + ", " + item
+	}
+	h.Set(name, item)
+}

@@ -287,6 +287,24 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		c.denied.ServeHTTP(w, r)
 		return
 	}
+	if c.slots != nil {
+		slot, err := m.limiter.Acquire(r.Context(), id, *c.slots)
+		if err != nil || !slot.Acquired {
+			// counted by neither: the plan gives back what it counted
+			_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
+			if err != nil {
+				c.onError(w, r, err)
+				return
+			}
+			setSlotHeaders(w.Header(), c.headers, slot)
+			c.denied.ServeHTTP(w, r)
+			return
+		}
+		setSlotHeaders(w.Header(), c.headers, slot)
+		// The work is over or abandoned: the slot goes back whether or not
+		// the client still waits, within the Limiter's timeout.
+		defer func() { _ = slot.Release(context.WithoutCancel(r.Context())) }()
+	}
 	if c.countIf == nil {
 		next.ServeHTTP(w, r)
 		return

@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -62,7 +63,8 @@ type config struct {
 	headers  HeaderSet
 	denied   http.Handler
 	onError  func(http.ResponseWriter, *http.Request, error)
-	errs     []error // what the options found wrong; New reports them
+	slots    *ratelimit.Concurrency // WithConcurrency
+	errs     []error                // what the options found wrong; New reports them
 }
 
 // WithKeys sets how requests are told apart: each KeyFunc is tried in turn
@@ -314,4 +316,37 @@ func WithDeniedHandler(h http.Handler) Option {
 // A nil fn keeps the default.
 func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = fn })
+}
+
+// WithConcurrency has each request hold one of c's slots while its handler
+// runs: at most c.Max requests of a client (its identity, as the plan
+// counts it) in flight at once, across every server sharing the Redis. The
+// slot is released when the handler returns or panics, the client's
+// disconnect included (the handler's context ends); a server that dies
+// holding slots loses them when c.Lease ends, so a Lease longer than the
+// slowest request is wise.
+//
+// A request must pass both the rate plan and the concurrency limit. The
+// plan decides first; a request it allows then takes a slot, and one the
+// full limit refuses is refunded to the plan (the Limiter's Refund), so
+// that it is counted by neither: the plan's denials, an abuser's, cost no
+// slot call, and the deny cache keeps answering them without Redis. A full
+// limit answers 429 (the denied handler) with Retry-After until the
+// earliest held lease ends, X-RateLimit-Limit the limit's Max and
+// X-RateLimit-Remaining 0, and in the IETF headers an item of
+// qu="concurrent-requests" named by c.Name (or "<Max>-concurrent"):
+//
+//	RateLimit-Policy: "burst";q=10;w=1, "exports";q=2;qu="concurrent-requests"
+//	RateLimit: "burst";r=9;t=1, "exports";r=0;t=30
+//
+// A request that holds a slot carries the item too, with what remains and
+// no t. Under the failure policies a slot is as Acquire decides it.
+func WithConcurrency(c ratelimit.Concurrency) Option {
+	return optionFunc(func(cfg *config) {
+		if err := c.Validate(); err != nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: WithConcurrency: %w", err))
+			return
+		}
+		cfg.slots = &c
+	})
 }

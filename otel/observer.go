@@ -50,6 +50,10 @@ const (
 	// BreakerOpenName is the gauge of the circuit breaker: 1 while it is
 	// open or probing, 0 while it is closed.
 	BreakerOpenName = "ratelimit.breaker.open"
+	// AcquisitionsName counts the Limiter's Acquires (concurrency slots),
+	// by outcome ("acquired" or "refused"), source and policy (the
+	// Concurrency's Name).
+	AcquisitionsName = "ratelimit.acquisitions"
 	// DenyCacheEntriesName is the gauge of the number of clients the deny
 	// cache holds.
 	DenyCacheEntriesName = "ratelimit.denycache.entries"
@@ -104,6 +108,7 @@ type Observer struct {
 	nearLimit   metric.Int64Counter
 	breakerOpen metric.Int64ObservableGauge
 	denyEntries metric.Int64ObservableGauge
+	acquire     metric.Int64Counter
 	near        float64 // the near-limit fraction
 
 	unnamed  *policyAttrs
@@ -148,7 +153,7 @@ func NewObserver(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	}
 	m := mp.Meter(ScopeName)
 	o := &Observer{meter: m, near: cfg.nearLimit}
-	var errs [5]error
+	var errs [6]error
 	o.decisions, errs[0] = m.Int64Counter(DecisionsName,
 		metric.WithDescription("Rate-limit decisions, by outcome (what it would have been without shadow mode), source, shadow mode and policy."),
 		metric.WithUnit("{decision}"))
@@ -164,6 +169,9 @@ func NewObserver(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	o.denyEntries, errs[4] = m.Int64ObservableGauge(DenyCacheEntriesName,
 		metric.WithDescription("Clients the deny cache holds."),
 		metric.WithUnit("{client}"))
+	o.acquire, errs[5] = m.Int64Counter(AcquisitionsName,
+		metric.WithDescription("Acquires of concurrency slots, by outcome, source and policy."),
+		metric.WithUnit("{acquire}"))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("ratelimit/otel: %w", err)
 	}
@@ -229,13 +237,25 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	return p
 }
 
-// ObserveCall records the Redis call of a Charge, a Refund, or a decision
-// whose caller left (Event.Left): its duration only, with the error's type.
-// It implements ratelimit.CallObserver. None is a decision: a refund's
-// Results are a decision already counted, and a caller who left got none.
+// ObserveCall records the Redis call of a Charge, a Refund, an Acquire, or
+// a decision whose caller left (Event.Left): its duration, with the
+// error's type, and an Acquire in AcquisitionsName. It implements
+// ratelimit.CallObserver. None is a decision: a refund's Results are a
+// decision already counted, and a caller who left got none.
 func (o *Observer) ObserveCall(ctx context.Context, e *ratelimit.Event) {
 	if e.Duration > 0 {
 		o.duration.Record(ctx, e.Duration.Seconds(), o.durationOpts[errorType(e.Err)]...)
+	}
+	if e.Kind == ratelimit.EventAcquire {
+		outcome := "refused"
+		if e.Allowed {
+			outcome = "acquired"
+		}
+		kvs := []attribute.KeyValue{OutcomeKey.String(outcome), SourceKey.String(e.Source.String())}
+		if e.Concurrency.Name != "" {
+			kvs = append(kvs, PolicyKey.String(e.Concurrency.Name))
+		}
+		o.acquire.Add(ctx, 1, metric.WithAttributes(kvs...))
 	}
 }
 

@@ -541,3 +541,23 @@ func TestNoResults(t *testing.T) {
 	obs.Observe(context.Background(), &ratelimit.Event{Duration: time.Millisecond, Err: errors.New("x")})
 	require.Empty(t, collect(t, reader).decisions())
 }
+
+// An Acquire is counted in ratelimit.acquisitions by outcome, source and
+// the Concurrency's name, and is no decision.
+func TestAcquisitions(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 1, Lease: time.Minute, Name: "exports"}
+	s, err := e.limiter.Acquire(ctx, "client", c)
+	require.NoError(t, err)
+	require.True(t, s.Acquired)
+	_, err = e.limiter.Acquire(ctx, "client", c)
+	require.NoError(t, err)
+	m := collect(t, e.reader)
+	require.Equal(t, map[string]int64{
+		"outcome=acquired,policy=exports,source=redis": 1,
+		"outcome=refused,policy=exports,source=redis":  1,
+	}, m.sums[ratelimitotel.AcquisitionsName])
+	require.Empty(t, m.decisions())
+	require.Equal(t, map[string]uint64{"": 2}, m.redisCalls())
+}
