@@ -168,3 +168,43 @@ func BenchmarkLeased(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkSlots weighs what a concurrency slot costs Redis against what a
+// rate decision does: one goroutine, each op an Acquire and its Release
+// (two script calls), or one Allow (one), on redis-server, with the
+// scripts' time inside Redis per op (redis-µs/op).
+func BenchmarkSlots(b *testing.B) {
+	client := redistest.Start(b).Client(b)
+	l := ratelimit.New(client, ratelimit.WithTimeout(10*time.Second), ratelimit.WithBatching(1))
+	ctx := context.Background()
+	b.Run("acquire+release", func(b *testing.B) {
+		c := ratelimit.Concurrency{Max: 1 << 20, Lease: time.Minute}
+		before, usec, _ := scriptStats(client)
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			s, err := l.Acquire(ctx, benchIDs[i%len(benchIDs)], c)
+			if err != nil || !s.Acquired {
+				b.Fatalf("Acquire: %v, %+v", err, s)
+			}
+			if err := s.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		after, usecAfter, _ := scriptStats(client)
+		b.ReportMetric((usecAfter-usec)/float64(b.N), "redis-µs/op")
+		b.ReportMetric((after-before)/float64(b.N), "calls/op")
+	})
+	b.Run("allow", func(b *testing.B) {
+		limit := ratelimit.PerMinute(1 << 30)
+		before, usec, _ := scriptStats(client)
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if res, err := l.Allow(ctx, benchIDs[i%len(benchIDs)], limit); err != nil || !res.Allowed {
+				b.Fatalf("Allow: %v, %+v", err, res)
+			}
+		}
+		after, usecAfter, _ := scriptStats(client)
+		b.ReportMetric((usecAfter-usec)/float64(b.N), "redis-µs/op")
+		b.ReportMetric((after-before)/float64(b.N), "calls/op")
+	})
+}

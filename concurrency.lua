@@ -9,10 +9,14 @@
 -- slot's token; ARGV[3]: the most slots (acquire); ARGV[4]: the lease in
 -- ms (acquire, extend).
 -- Reply: {1 if it acquired, released or extended, else 0; the slots held
--- after the call; for an acquire that found every slot held, the ms until
--- the earliest lease ends, else 0}.
+-- after an acquire or extend (0 for a release); for an acquire that found
+-- every slot held, the ms until the earliest lease ends, else 0}.
 
 local key, op, token = KEYS[1], ARGV[1], ARGV[2]
+if op == 'r' then
+  -- a release needs no clock: a token whose lease ended is gone or going
+  return {redis.call('ZREM', key, token), 0, 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -34,9 +38,6 @@ if op == 'a' then
   end
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return {0, held, tonumber(first[2]) - now}
-elseif op == 'r' then
-  local gone = redis.call('ZREM', key, token)
-  return {gone, held - gone, 0}
 end
 if redis.call('ZSCORE', key, token) then
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[4]), token)
