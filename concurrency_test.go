@@ -316,3 +316,18 @@ func holdSlotsAndWait(addr string) {
 	fmt.Println("held 3")
 	select {}
 }
+
+// A Release or Extend that cannot reach Redis goes to the error handler and
+// returns the error; the lease still ends by itself.
+func TestReleaseRedisDown(t *testing.T) {
+	e := miniredisEnv(t)
+	h := &errorLog{}
+	l := e.limiter(ratelimit.WithErrorHandler(h.handle), ratelimit.WithTimeout(time.Second))
+	s, err := l.Acquire(context.Background(), "u", ratelimit.Concurrency{Max: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, s.Acquired)
+	require.NoError(t, e.client.(*redis.Client).Close())
+	require.Error(t, s.Release(context.Background()))
+	require.Error(t, s.Extend(context.Background()))
+	require.Len(t, h.all(), 2, "both reported")
+}
