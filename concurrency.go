@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	_ "embed" // for the script source
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -36,11 +37,7 @@ type Slot struct {
 	Degraded    bool          // Redis could not decide; the failure policy did
 	Concurrency Concurrency
 
-	// What Release and Extend need: the Limiter, and the slot's key and
-	// token (token empty for a slot FailOpen granted: nothing is held).
-	l          *Limiter
-	key, token string
-	local      bool // held in this process, by FailLocal
+	held slotHeld // what Release, Extend and Keep need
 }
 
 //go:embed concurrency.lua
@@ -65,14 +62,19 @@ func (c Concurrency) Validate() error {
 // Extend, on Redis's clock: a process whose clock is wrong can neither take
 // a slot early nor keep one late. Invalid input (an empty id, Max below 1,
 // a Lease below 1 ms or not of whole ms) is an error naming the value, and
-// nothing is sent. When Redis cannot decide, the failure policy does:
-// FailOpen acquires (Degraded; nothing is held), FailClosed does not and
-// returns the error, FailLocal holds a slot in this process, at most
-// Max / WithReplicas at once for id. A caller whose ctx is done gets its
-// error; an acquire already sent may still take a slot, which its lease
-// frees.
+// nothing is sent. Under WithShadow a full limit refuses nothing: the Slot
+// is Acquired, holds nothing, and the Observer's Event is Shadow.
+//
+// When Redis cannot decide, the failure policy does: FailOpen acquires
+// (Degraded; nothing is held here), FailClosed does not and returns the
+// error, FailLocal holds a slot in this process, at most Max / WithReplicas
+// at once for id. A call that failed late may still have taken a slot in
+// Redis: a Degraded slot's Release gives that back too, if it can (a
+// FailClosed refusal's is given back at once), and otherwise its lease
+// frees it. A caller whose ctx is done gets its error, and a slot its
+// acquire may yet take is freed by its lease.
 func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, error) {
-	s := Slot{Concurrency: c, l: l}
+	s := Slot{Concurrency: c}
 	if l.t == nil {
 		return s, ErrNilClient
 	}
@@ -82,49 +84,87 @@ func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, 
 	if err := c.Validate(); err != nil {
 		return s, err
 	}
-	s.key, s.token = l.slotsKey(id, c.Name), newToken()
+	key, token := l.slotsKey(id, c.Name), newToken()
 	start := time.Now()
-	vals, err := l.t.Eval(ctx, l.slots(), []string{s.key}, "a", s.token, c.Max, c.Lease.Milliseconds())
+	vals, redisErr := l.t.Eval(ctx, l.slots(), []string{key}, "a", token, c.Max, c.Lease.Milliseconds())
 	took := time.Since(start)
-	if err == nil && len(vals) != 3 {
-		err = fmt.Errorf("%w: %v", ErrBadReply, vals)
+	if redisErr == nil && len(vals) != 3 {
+		redisErr = fmt.Errorf("%w: %v", ErrBadReply, vals)
 	}
+	if redisErr != nil && gone(ctx) {
+		return s, ctx.Err()
+	}
+	var err error
+	shadowed := false
 	switch {
-	case err == nil:
+	case redisErr == nil:
 		s.Acquired, s.InFlight = vals[0] == 1, vals[1]
 		s.RetryAfter = time.Duration(vals[2]) * time.Millisecond
-	case ctx.Err() != nil:
-		return Slot{Concurrency: c}, ctx.Err()
+		if s.Acquired {
+			s.held = slotHeld{l: l, id: id, key: key, token: token, lease: c.Lease, redis: true}
+		} else if l.shadow { // refuses nothing: acquired, holding nothing
+			s.Acquired, s.RetryAfter, shadowed = true, 0, true
+			s.held = slotHeld{l: l, id: id}
+		}
 	default:
-		err = l.failAcquire(ctx, id, &s, err)
+		err = l.failAcquire(ctx, id, &s, key, token, redisErr)
 	}
 	s.Remaining = max(0, c.Max-s.InFlight)
-	if s.Acquired {
+	if s.held.redis || s.held.local {
 		l.slotsAcquired.Add(1)
-	} else {
-		s.key, s.token = "", ""
 	}
 	if l.observer != nil {
-		l.observeSlot(ctx, id, &s, took, err)
+		l.observeSlot(ctx, id, &s, took, redisErr, shadowed)
 	}
 	return s, err
 }
 
-// failAcquire decides s, an Acquire Redis could not decide (redisErr), by
-// the failure policy, and returns what the caller is to get.
-func (l *Limiter) failAcquire(ctx context.Context, id string, s *Slot, redisErr error) error {
+// gone reports whether ctx is done or its deadline has passed: a client
+// that stops at its deadline by itself can return before ctx's timer fires.
+func gone(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// failAcquire decides s, an Acquire of key and token that Redis could not
+// decide (redisErr), by the failure policy, and returns what the caller is
+// to get.
+func (l *Limiter) failAcquire(ctx context.Context, id string, s *Slot, key, token string, redisErr error) error {
 	l.onError(ctx, id, redisErr)
 	s.Degraded = true
 	switch l.policy {
 	case FailClosed:
+		// The script may have run: give back what it may have taken.
+		go func() { _, _ = l.t.Eval(context.WithoutCancel(ctx), l.slots(), []string{key}, "r", token) }()
 		return wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	case FailLocal:
-		s.Acquired, s.InFlight, s.RetryAfter = l.localSlots.acquire(s.key, s.token, s.Concurrency, l.local.share(s.Concurrency.Max), l.now())
-		s.local = s.Acquired
+		s.Acquired, s.InFlight, s.RetryAfter = l.localSlots.acquire(key, token, s.Concurrency, l.local.share(s.Concurrency.Max), l.now())
+		if s.Acquired {
+			s.held = slotHeld{l: l, id: id, key: key, token: token, lease: s.Concurrency.Lease, local: true, maybe: true}
+		} else {
+			go func() { _, _ = l.t.Eval(context.WithoutCancel(ctx), l.slots(), []string{key}, "r", token) }()
+		}
 	default:
-		s.Acquired, s.token = true, "" // nothing held: nothing to release
+		s.Acquired = true
+		s.held = slotHeld{l: l, id: id, key: key, token: token, maybe: true}
 	}
 	return nil
+}
+
+// slotHeld is what Release and Extend need of an Acquired slot: its
+// Limiter and id, and its key, token and lease; whether it is held in
+// Redis or in this process (FailLocal); and whether the acquire that
+// failed may have taken it in Redis all the same (maybe). A slot of
+// shadow mode holds nothing.
+type slotHeld struct {
+	l              *Limiter
+	id, key, token string
+	lease          time.Duration
+	redis, local   bool
+	maybe          bool
 }
 
 // Release gives the slot back. A second Release, or one after the lease
@@ -132,23 +172,24 @@ func (l *Limiter) failAcquire(ctx context.Context, id string, s *Slot, redisErr 
 // Limiter is ErrInvalidSlot. A Release that cannot reach Redis goes to the
 // error handler and returns the error; the lease still ends by itself.
 func (s Slot) Release(ctx context.Context) error {
-	if !s.Acquired || s.l == nil {
+	h := s.held
+	if !s.Acquired || h.l == nil {
 		return ErrInvalidSlot
 	}
-	l := s.l
-	switch {
-	case s.token == "": // FailOpen's: held nowhere
-		return nil
-	case s.local: // FailLocal's: held here
-		if l.localSlots.release(s.key, s.token) {
-			l.slotsReleased.Add(1)
-		}
+	l := h.l
+	if h.local && l.localSlots.release(h.key, h.token) {
+		l.slotsReleased.Add(1)
+	}
+	if h.maybe { // what a failed acquire may have taken, if Redis is back
+		_, _ = l.t.Eval(ctx, l.slots(), []string{h.key}, "r", h.token)
+	}
+	if !h.redis {
 		return nil
 	}
-	vals, err := l.t.Eval(ctx, l.slots(), []string{s.key}, "r", s.token)
+	vals, err := l.t.Eval(ctx, l.slots(), []string{h.key}, "r", h.token)
 	if err != nil {
-		if ctx.Err() == nil {
-			l.onError(ctx, "", err)
+		if !gone(ctx) {
+			l.onError(ctx, h.id, err)
 		}
 		return wrap("ratelimit: release", err)
 	}
@@ -158,35 +199,79 @@ func (s Slot) Release(ctx context.Context) error {
 	return nil
 }
 
-// Extend renews the lease for another Lease from now; a lease that has
-// ended is ErrLeaseEnded and the slot may be someone else's. A slot of the
-// failure policy extends nothing in Redis and returns nil. An Extend that
-// cannot reach Redis goes to the error handler and returns the error.
+// Extend renews the lease for another Lease from now (the Lease the slot
+// was acquired with); a lease that has ended is ErrLeaseEnded and the slot
+// may be someone else's. A slot that holds nothing (FailOpen's, shadow
+// mode's) extends nothing and returns nil. An Extend that cannot reach
+// Redis goes to the error handler and returns the error.
 func (s Slot) Extend(ctx context.Context) error {
-	if !s.Acquired || s.l == nil {
+	h := s.held
+	if !s.Acquired || h.l == nil {
 		return ErrInvalidSlot
 	}
-	l := s.l
-	if s.token == "" {
-		return nil
-	}
-	if s.local {
-		if !l.localSlots.extend(s.key, s.token, s.Concurrency.Lease, l.now()) {
+	l := h.l
+	switch {
+	case h.local:
+		if !l.localSlots.extend(h.key, h.token, h.lease, l.now()) {
 			return ErrLeaseEnded
 		}
 		return nil
+	case !h.redis:
+		return nil
 	}
-	vals, err := l.t.Eval(ctx, l.slots(), []string{s.key}, "e", s.token, 0, s.Concurrency.Lease.Milliseconds())
+	vals, err := l.t.Eval(ctx, l.slots(), []string{h.key}, "e", h.token, 0, h.lease.Milliseconds())
 	if err != nil {
-		if ctx.Err() == nil {
-			l.onError(ctx, "", err)
+		if !gone(ctx) {
+			l.onError(ctx, h.id, err)
 		}
 		return wrap("ratelimit: extend", err)
 	}
-	if len(vals) != 3 || vals[0] != 1 {
+	if len(vals) != 3 {
+		return fmt.Errorf("%w: %v", ErrBadReply, vals)
+	}
+	if vals[0] != 1 {
 		return ErrLeaseEnded
 	}
 	return nil
+}
+
+// Keep extends the slot's lease every half lease while the work it guards
+// runs, and returns the func that ends it: it stops the extending and
+// releases the slot (use it as defer slot.Keep(ctx)()). For work of any
+// length: a slot kept outlives its Lease while its holder lives, and
+// returns within a Lease of its holder's death. An extension that fails
+// goes to the error handler, as Extend's; one that finds the lease ended
+// stops. ctx bounds each extension and the release, not the keeping: its
+// cancel does not end it.
+func (s Slot) Keep(ctx context.Context) (release func()) {
+	ctx = context.WithoutCancel(ctx)
+	if !s.held.redis && !s.held.local { // nothing to extend
+		return func() { _ = s.Release(ctx) }
+	}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	every := max(s.held.lease/2, time.Millisecond/2)
+	extend := func() {
+		if err := s.Extend(ctx); errors.Is(err, ErrLeaseEnded) || errors.Is(err, ErrInvalidSlot) {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, extend)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		_ = s.Release(ctx)
+	}
 }
 
 // slots returns the script of concurrency.lua, made once.
@@ -288,13 +373,15 @@ func (s *localSlots) extend(key, token string, lease time.Duration, now time.Tim
 	return true
 }
 
-// observeSlot has the Observer, if a CallObserver, see an Acquire.
-func (l *Limiter) observeSlot(ctx context.Context, id string, s *Slot, took time.Duration, err error) {
+// observeSlot has the Observer, if a CallObserver, see an Acquire: redisErr
+// is what Redis failed with, if it did.
+func (l *Limiter) observeSlot(ctx context.Context, id string, s *Slot, took time.Duration, redisErr error, shadowed bool) {
 	c, ok := l.observer.(CallObserver)
 	if !ok {
 		return
 	}
-	e := &Event{Kind: EventAcquire, Cost: 1, Allowed: s.Acquired, Source: SourceRedis, Duration: took, Err: err, Concurrency: s.Concurrency}
+	e := &Event{Kind: EventAcquire, Cost: 1, Allowed: s.Acquired, Source: SourceRedis, Duration: took, Err: redisErr,
+		Concurrency: s.Concurrency, Shadow: shadowed || l.shadow}
 	if s.Degraded {
 		e.Source = SourcePolicy
 	}

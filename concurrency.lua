@@ -10,7 +10,8 @@
 -- ms (acquire, extend).
 -- Reply: {1 if it acquired, released or extended, else 0; the slots held
 -- after an acquire or extend (0 for a release); for an acquire that found
--- every slot held, the ms until the earliest lease ends, else 0}.
+-- every slot held, the ms until enough leases end for one to be free (the
+-- earliest, unless max was lowered below what is held), else 0}.
 
 local key, op, token = KEYS[1], ARGV[1], ARGV[2]
 if op == 'r' then
@@ -36,8 +37,11 @@ if op == 'a' then
     expire()
     return {1, held + 1, 0}
   end
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return {0, held, tonumber(first[2]) - now}
+  -- the lease whose end brings the held under max (max may have been
+  -- lowered below what is held)
+  local i = held - tonumber(ARGV[3])
+  local free = redis.call('ZRANGE', key, i, i, 'WITHSCORES')
+  return {0, held, tonumber(free[2]) - now}
 end
 if redis.call('ZSCORE', key, token) then
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[4]), token)

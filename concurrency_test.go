@@ -331,3 +331,94 @@ func TestReleaseRedisDown(t *testing.T) {
 	require.Error(t, s.Extend(context.Background()))
 	require.Len(t, h.all(), 2, "both reported")
 }
+
+// Callers whose deadlines are shorter than a slow but healthy Redis's
+// answers get their ctx's error, and the breaker counts nothing of it:
+// their patience says nothing of Redis.
+func TestAcquireShortDeadlines(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	for _, aware := range []bool{false, true} {
+		l := ratelimit.New(newClient(t, &redis.Options{Addr: proxy.Addr, MaxRetries: -1, ContextTimeoutEnabled: aware}),
+			ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(5*time.Second))
+		proxy.Delay(30 * time.Millisecond)
+		c := ratelimit.Concurrency{Max: 100, Lease: time.Minute}
+		left := 0
+		for range 2 * ratelimit.DefaultBreakerFailures {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			s, err := l.Acquire(ctx, "u", c)
+			cancel()
+			if err == nil { // the proxy let a reply through in time
+				require.False(t, s.Degraded)
+				continue
+			}
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			left++
+		}
+		require.Greater(t, left, ratelimit.DefaultBreakerFailures, "enough callers left to open the breaker, were they counted")
+		proxy.Delay(0)
+		require.False(t, l.Stats().BreakerOpen, "client honours ctx: %v", aware)
+		res, err := l.Allow(context.Background(), "u", ratelimit.PerMinute(10))
+		require.NoError(t, err)
+		require.False(t, res.Degraded)
+	}
+}
+
+// Under WithShadow a full limit refuses nothing, and the slot holds nothing.
+func TestAcquireShadowMode(t *testing.T) {
+	e := miniredisEnv(t)
+	l := e.limiter(ratelimit.WithShadow(true))
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 1, Lease: time.Minute}
+	a, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	b, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.True(t, b.Acquired, "shadow mode refuses nothing")
+	require.Zero(t, b.RetryAfter)
+	require.NoError(t, b.Extend(ctx))
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, a.Release(ctx))
+	require.Equal(t, []int64{1, 1}, []int64{l.Stats().SlotsAcquired, l.Stats().SlotsReleased}, "the shadow slot held nothing")
+}
+
+// With Max lowered below what is held, RetryAfter is the wait until enough
+// leases end for one slot to be free, not the earliest.
+func TestAcquireMaxLowered(t *testing.T) {
+	e := miniredisEnv(t)
+	l := e.limiter()
+	ctx := context.Background()
+	for _, lease := range []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second} {
+		s, err := l.Acquire(ctx, "u", ratelimit.Concurrency{Max: 3, Lease: lease})
+		require.NoError(t, err)
+		require.True(t, s.Acquired)
+	}
+	s, err := l.Acquire(ctx, "u", ratelimit.Concurrency{Max: 2, Lease: time.Second})
+	require.NoError(t, err)
+	require.False(t, s.Acquired)
+	require.Greater(t, s.RetryAfter, 19*time.Second, "two must end: the one of 20 s")
+	require.LessOrEqual(t, s.RetryAfter, 20*time.Second)
+}
+
+// A slot kept outlives its Lease while the work runs, and is free once it
+// is released.
+func TestSlotKeep(t *testing.T) {
+	e := miniredisEnv(t)
+	l := e.limiter()
+	ctx := context.Background()
+	c := ratelimit.Concurrency{Max: 1, Lease: 30 * time.Millisecond}
+	s, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	release := s.Keep(ctx)
+	held := time.Now()
+	for time.Since(held) < 4*c.Lease { // the lease runs on Redis's clock: real time must pass
+		other, err := l.Acquire(ctx, "u", c)
+		require.NoError(t, err)
+		require.False(t, other.Acquired, "kept after %v", time.Since(held))
+		time.Sleep(5 * time.Millisecond)
+	}
+	release()
+	free, err := l.Acquire(ctx, "u", c)
+	require.NoError(t, err)
+	require.True(t, free.Acquired)
+}

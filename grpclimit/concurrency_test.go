@@ -156,3 +156,9 @@ func TestWithConcurrencyInvalid(t *testing.T) {
 	_, err := grpclimit.NewUnary(ratelimit.New(nil), ratelimit.PerMinute(1), grpclimit.WithConcurrency(ratelimit.Concurrency{Max: 1}))
 	require.ErrorContains(t, err, "WithConcurrency")
 }
+
+func TestWithConcurrencyNameCollision(t *testing.T) {
+	_, err := grpclimit.NewUnary(ratelimit.New(nil), ratelimit.Limit{Rate: 10, Window: time.Second, Name: "exports"},
+		grpclimit.WithConcurrency(ratelimit.Concurrency{Max: 2, Lease: time.Second, Name: "exports"}))
+	require.ErrorContains(t, err, "both named")
+}

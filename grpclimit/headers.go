@@ -142,7 +142,11 @@ func slotMD(md metadata.MD, slot ratelimit.Slot) metadata.MD {
 	if slot.Degraded {
 		return md
 	}
-	wait := strconv.FormatInt(max(1, int64((slot.RetryAfter+time.Second-1)/time.Second)), 10)
+	secs := int64(slot.RetryAfter / time.Second) // rounded up without adding, which could wrap
+	if slot.RetryAfter%time.Second != 0 {
+		secs++
+	}
+	wait := strconv.FormatInt(max(1, secs), 10)
 	item := q + ";r=" + strconv.FormatInt(slot.Remaining, 10)
 	if !slot.Acquired {
 		item += ";t=" + wait

@@ -178,7 +178,7 @@ func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc
 			return handler(ctx, req)
 		}
 		if slot.Acquired {
-			defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
+			defer slot.Keep(ctx)() // extended while the handler runs, then released
 		}
 		code := codes.Internal // if the handler panics
 		defer func() { in.settle(ctx, info.FullMethod, d, code) }()
@@ -211,8 +211,7 @@ func NewStream(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grp
 			return handler(srv, ss)
 		}
 		if slot.Acquired {
-			stop := holdSlot(ctx, slot)
-			defer stop()
+			defer slot.Keep(ctx)() // extended for the stream's life, then released
 		}
 		ws := &decidedStream{ServerStream: ss, ctx: ctx}
 		code := codes.Internal // if the handler panics
@@ -249,33 +248,6 @@ func (in *interceptor) acquire(ctx context.Context, fullMethod string, d *decide
 		return slot, md, slotDenied(slot)
 	}
 	return slot, md, nil
-}
-
-// holdSlot extends slot's lease every half lease until the returned func
-// is called, which releases it: a stream holds its slot for its life.
-func holdSlot(ctx context.Context, slot ratelimit.Slot) (stop func()) {
-	done := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		t := time.NewTicker(max(time.Millisecond, slot.Concurrency.Lease/2))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := slot.Extend(context.WithoutCancel(ctx)); errors.Is(err, ratelimit.ErrLeaseEnded) {
-					return // lost: nothing more to extend
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-ended
-		_ = slot.Release(context.WithoutCancel(ctx))
-	}
 }
 
 // slotDenied is the status of a call the full concurrency limit refused:
@@ -502,6 +474,14 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	base := newPolicySet("", append([]ratelimit.Limit{limit}, cfg.extra...))
 	if err := checkDefault(fn, base); err != nil {
 		cfg.errs = append(cfg.errs, err)
+	}
+	if cfg.slots != nil {
+		name := PolicyName(ratelimit.Limit{Name: slotName(*cfg.slots)})
+		for _, l := range base.limits {
+			if PolicyName(l) == name {
+				cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: WithConcurrency's limit and the plan's %v are both named %s: the metadata could not tell them apart", l, name))
+			}
+		}
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)

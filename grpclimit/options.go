@@ -371,11 +371,11 @@ func WithCost(fn func(ctx context.Context, fullMethod string) int64) Option {
 
 // WithConcurrency has each call hold one of c's slots while its handler
 // runs: at most c.Max calls of a caller (its identity, as the plan counts
-// it) in flight at once, across every server sharing the Redis. A unary
-// call releases its slot when its handler returns or panics; a stream
-// holds it for its life, extending its lease every c.Lease/2 while it
-// runs, and releases it when its handler returns. A server that dies
-// holding slots loses them when c.Lease ends.
+// it) in flight at once, across every server sharing the Redis. The slot's
+// lease is extended every half c.Lease while the handler runs
+// (ratelimit.Slot.Keep): a stream holds its slot for its life. It is
+// released when the handler returns or panics. A server that dies holding
+// slots loses them within a Lease.
 //
 // A call must pass both the plan and the concurrency limit, in that order,
 // as in httplimit.WithConcurrency: one the full limit refuses is refunded

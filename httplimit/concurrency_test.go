@@ -82,3 +82,10 @@ func TestWithConcurrencyInvalid(t *testing.T) {
 	require.ErrorContains(t, err, "WithConcurrency")
 	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
 }
+
+func TestWithConcurrencyNameCollision(t *testing.T) {
+	e := newEnv(t)
+	_, err := httplimit.New(e.limiter, ratelimit.Limit{Rate: 10, Window: time.Second, Name: "exports"},
+		httplimit.WithConcurrency(ratelimit.Concurrency{Max: 2, Lease: time.Second, Name: "exports"}))
+	require.ErrorContains(t, err, "both named")
+}

@@ -48,6 +48,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -148,6 +149,14 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	static := newPlan(append([]ratelimit.Limit{limit}, cfg.extra...))
 	if err := checkDefault(static); err != nil {
 		cfg.errs = append(cfg.errs, err)
+	}
+	if cfg.slots != nil {
+		name, _ := slotPolicy(*cfg.slots)
+		for _, limit := range static.limits {
+			if PolicyName(limit) == name {
+				cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: WithConcurrency's limit and the plan's %v are both named %s: the headers could not tell them apart", limit, name))
+			}
+		}
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
@@ -301,9 +310,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 		setSlotHeaders(w.Header(), c.headers, slot)
-		// The work is over or abandoned: the slot goes back whether or not
-		// the client still waits, within the Limiter's timeout.
-		defer func() { _ = slot.Release(context.WithoutCancel(r.Context())) }()
+		// Extended while the handler runs, however long; released when it
+		// returns, whether or not the client still waits.
+		defer slot.Keep(r.Context())()
 	}
 	if c.countIf == nil {
 		next.ServeHTTP(w, r)

@@ -321,10 +321,12 @@ func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)
 // WithConcurrency has each request hold one of c's slots while its handler
 // runs: at most c.Max requests of a client (its identity, as the plan
 // counts it) in flight at once, across every server sharing the Redis. The
-// slot is released when the handler returns or panics, the client's
-// disconnect included (the handler's context ends); a server that dies
-// holding slots loses them when c.Lease ends, so a Lease longer than the
-// slowest request is wise.
+// slot's lease is extended every half c.Lease while the handler runs
+// (ratelimit.Slot.Keep), so a request may run for longer than a Lease, and
+// the slot is released when the handler returns or panics, the client's
+// disconnect included (the handler's context ends): one Redis call after
+// the handler, before the response ends. A server that dies holding slots
+// loses them within a Lease.
 //
 // A request must pass both the rate plan and the concurrency limit. The
 // plan decides first; a request it allows then takes a slot, and one the

@@ -262,17 +262,21 @@ func HonoursContext(client redis.UniversalClient) bool {
 // Eval runs sc, a script of its own (not the decider), on keys and args, on
 // the server of keys[0]: asked of that server's breaker and judged by it,
 // within the Limiter's timeout, sent once (a call that may have run is
-// never sent again), and returns the reply's integers. Not batched; a
-// caller who leaves first gets its ctx's error, and the call, if sent, may
-// still run.
+// never sent again), and returns the reply's integers. Not batched. A
+// caller whose own deadline, shorter than the Limiter's timeout, ends the
+// call gets its ctx's error, and the breaker counts nothing of it: the
+// caller's patience says nothing of Redis.
 func (t *Transport) Eval(ctx context.Context, sc *script.Script, keys []string, args ...any) ([]int64, error) {
 	if expired(ctx) {
 		return nil, ctxErr(ctx)
 	}
-	wire, cancel, _ := t.deadline(ctx)
+	wire, cancel, ours := t.deadline(ctx)
 	defer cancel()
 	srv, err := t.serverFor(wire, wire, keys[0])
 	if err != nil {
+		if expired(ctx) {
+			return nil, ctxErr(ctx)
+		}
 		return nil, t.explain(wire, srv, err)
 	}
 	probe := false
@@ -291,11 +295,15 @@ func (t *Transport) Eval(ctx context.Context, sc *script.Script, keys []string, 
 	}
 	cmd = append(cmd, args...)
 	vals, err := run(wire, t, func(ctx context.Context) ([]int64, error) { return eval(ctx, t.client, sc, cmd, 0) })
+	if err != nil && expired(ctx) && (!ours || errors.Is(ctx.Err(), context.Canceled)) {
+		// the caller's own deadline, or its cancel, ended the call
+		if b := srv.breaker; b != nil {
+			b.abandon(probe)
+		}
+		return nil, ctxErr(ctx)
+	}
 	t.judge(wire, srv, probe, err)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
 		return nil, t.explain(wire, srv, err)
 	}
 	return vals, nil
