@@ -128,6 +128,7 @@ type ConfigError struct {
 	Msg  string
 }
 
+// Error is file:line: msg, or file: msg.
 func (e *ConfigError) Error() string {
 	if e.Line > 0 {
 		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)

@@ -339,6 +339,7 @@ func names(cert *x509.Certificate, san string) bool {
 // shutting down.
 type healthCheck struct{ ok atomic.Bool }
 
+// ServeHTTP answers OK, or 500 once shutting down.
 func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	if !h.ok.Load() {
 		w.WriteHeader(http.StatusInternalServerError)
