@@ -241,8 +241,9 @@ func (s Slot) Extend(ctx context.Context) error {
 // length: a slot kept outlives its Lease while its holder lives, and
 // returns within a Lease of its holder's death. An extension that fails
 // goes to the error handler, as Extend's; one that finds the lease ended
-// stops. ctx bounds each extension and the release, not the keeping: its
-// cancel does not end it.
+// stops. Only ctx's values reach the extensions and the release: its
+// cancel and deadline end neither (each is bounded by the Limiter's
+// timeout), so that a slot is released even after its caller gave up.
 func (s Slot) Keep(ctx context.Context) (release func()) {
 	ctx = context.WithoutCancel(ctx)
 	if !s.held.redis && !s.held.local { // nothing to extend

@@ -279,7 +279,8 @@ func (l *Limiter) giveBackMany(ctx context.Context, d *decision, id string) {
 			continue
 		}
 		key := d.reqs[s.req].Keys[s.first]
-		bySlot[transport.Slot(key)] = append(bySlot[transport.Slot(key)], script.GiveBack(q.Cost, key))
+		slot := transport.Slot(key)
+		bySlot[slot] = append(bySlot[slot], script.GiveBack(q.Cost, key))
 	}
 	for i := range d.spans {
 		if s := &d.spans[i]; !s.shadow {
