@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/script"
-	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // Charge counts n against every limit for id, whatever the counts are: the cost of work already
@@ -47,6 +46,7 @@ func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) e
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
+	defer l.exit()
 	reqs := l.build(d, id, l.now().UnixMilli())
 	var gives []*script.Request
 	if d.leased() {
@@ -116,14 +116,16 @@ func (d *decision) deriveCharge() {
 // window has slid out of the limit's span, there is nothing left to give back and Refund does
 // nothing for it. A refund of a decision that counted nothing (denied, a Peek, a Degraded
 // decision, a Result not made by this Limiter) or of more than it counted is an error
-// (ErrInvalidCost), and nothing is written.
+// (ErrInvalidCost), and nothing is written. So is, with ErrInvalidLimit, a Result whose Limit
+// was changed to one of another Window or Strict (it would name another count than the one
+// counted), and one count given twice (two Results of one window), as AllowAll refuses two
+// limits of one window.
 //
 // A sliding window is read by decisions until the end of the next one, so a
 // refund applies until then; a strict sub-window is read for
 // StrictSubWindows sub-windows after its own. Refund does not remember
 // earlier refunds of the same Results: refund a decision once, or in parts
-// that add up to no more than it counted, and give each Result once (two
-// of one count are an error). No Results at all (nil or empty) is
+// that add up to no more than it counted, and give each Result once. No Results at all (nil or empty) is
 // ErrInvalidLimit, as AllowAll and Charge with no limits are. The Results
 // of a Shadow limit that did not count the request are passed over; so are
 // those counted in this process's failure policy. A denied AllowAll whose
@@ -143,6 +145,10 @@ func (d *decision) deriveCharge() {
 // window); other processes' caches keep what they hold. A refund of a
 // decision made before a Reset lowers the counts written after it.
 func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int64) error {
+	if err := l.enter(); err != nil {
+		return err
+	}
+	defer l.exit()
 	d, err := l.refund(id, results, n)
 	if err != nil || d == nil {
 		return err
@@ -171,16 +177,21 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		if r.counted == 0 {
 			continue
 		}
+		limit := results[i].Limit
 		if r.by != l.serial || r.id != idHash(id) {
-			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, results[i].Limit)
+			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, limit)
+		}
+		if limit.Window.Milliseconds() != r.ms || limit.Strict != r.strict {
+			return nil, fmt.Errorf("%w: a Result's limit %v is not the one it counted in (a window of %v, strict %v)",
+				ErrInvalidLimit, limit, time.Duration(r.ms)*time.Millisecond, r.strict)
 		}
 		if n > r.counted {
-			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, results[i].Limit)
+			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, limit)
 		}
 		for _, other := range results[:i] {
-			if o := other.receipt; o.counted > 0 && o.ms == r.ms && o.strict == r.strict && o.window == r.window {
+			if other.receipt.counted > 0 && sameCount(other.Limit, limit) && other.receipt.window == r.window {
 				// One count given twice would take back more than it counted.
-				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidCost, other.Limit, results[i].Limit)
+				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidLimit, other.Limit, limit)
 			}
 		}
 		counted = true
@@ -196,7 +207,7 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		if r.counted == 0 {
 			continue
 		}
-		limit := Limit{Rate: 1, Window: time.Duration(r.ms) * time.Millisecond, Strict: r.strict} // as decided
+		limit := results[i].Limit // checked above: the count it counted in
 		p := locate(now, limit)
 		if p.i > r.window+max(1, p.subs) { // slid out of the span: nothing to give back
 			continue
@@ -217,27 +228,14 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 
 // sendRefund sends d, a refund's give-back, and reports what fails.
 func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error {
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
-	err := l.t.Do(ctx, d.reqs, d.replies)
-	if err == nil {
-		err = d.replies[0].Err
-	}
+	took, left, err := l.send(ctx, d, id, d.reqs, nil)
 	if l.denied != nil {
 		for i := range d.spans {
 			l.denied.forget(id, d.spans[i].pos)
 		}
 	}
-	if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) { // it may yet land
-		l.reportLate(ctx, d, id, start, gone)
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	var took time.Duration
-	if l.observer != nil {
-		took = time.Since(start)
+	if left { // it may yet land: reported if it fails
+		return err
 	}
 	if err != nil {
 		l.onError(ctx, id, err)
@@ -264,15 +262,16 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 // as Refund: one script call, never resent, observed as a refund, and the
 // deny cache forgets id.
 func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
-	if err := l.checkAll(id, limits, n); err != nil {
+	d := &decision{limits: limits, refund: true}
+	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
+	defer l.exit()
+	d.cost = -n
 	now := l.now().UnixMilli()
-	d := &decision{cost: -n, refund: true, limits: limits, results: make([]Result, len(limits))}
 	var keys []string
 	for i, limit := range limits {
 		p := locate(now, limit)
-		d.results[i].Limit = limit
 		d.spans = append(d.spans, span{at: i, pos: p})
 		keys = append(keys, l.appendKeys(nil, id, p)[0])
 	}

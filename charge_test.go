@@ -217,26 +217,39 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 			rs []ratelimit.Result
 			n  int64
 		}{
-			"denied":          {"u", []ratelimit.Result{denied}, 1},
-			"peek":            {"u", []ratelimit.Result{peek}, 1},
-			"a literal":       {"u", []ratelimit.Result{{Allowed: true, Count: 1, Limit: tight}}, 1},
-			"more":            {"u", []ratelimit.Result{allowed}, 2},
-			"another id":      {"v", []ratelimit.Result{allowed}, 1},
-			"other Limiter":   {"v", []ratelimit.Result{other}, 1},
-			"below 1":         {"u", []ratelimit.Result{allowed}, 0},
-			"one count twice": {"u", []ratelimit.Result{allowed, allowed}, 1},
+			"denied":        {"u", []ratelimit.Result{denied}, 1},
+			"peek":          {"u", []ratelimit.Result{peek}, 1},
+			"a literal":     {"u", []ratelimit.Result{{Allowed: true, Count: 1, Limit: tight}}, 1},
+			"more":          {"u", []ratelimit.Result{allowed}, 2},
+			"another id":    {"v", []ratelimit.Result{allowed}, 1},
+			"other Limiter": {"v", []ratelimit.Result{other}, 1},
+			"below 1":       {"u", []ratelimit.Result{allowed}, 0},
 		} {
 			require.ErrorIs(t, l.Refund(ctx, tc.id, tc.rs, tc.n), ratelimit.ErrInvalidCost, name)
+		}
+		// Results that name another count than the one counted, or one
+		// count twice, are bad limits, as AllowAll's two limits of one
+		// window are.
+		edited := allowed
+		edited.Limit = ratelimit.Limit{}
+		otherWindow := allowed
+		otherWindow.Limit.Window = time.Hour
+		for name, rs := range map[string][]ratelimit.Result{
+			"one count twice": {allowed, allowed},
+			"Limit emptied":   {edited},
+			"another window":  {otherWindow},
+		} {
+			require.ErrorIs(t, l.Refund(ctx, "u", rs, 1), ratelimit.ErrInvalidLimit, name)
 		}
 		require.EqualError(t, l.Refund(ctx, "u", []ratelimit.Result{allowed}, 2),
 			"ratelimit: invalid cost: refund of 2 is more than the 1 that limit 1/1m0s counted")
 		require.Equal(t, int64(1), e.get(t, "u", time.Minute, e.windowIndex(time.Minute)), "nothing written")
 		require.ErrorIs(t, l.Refund(ctx, "", []ratelimit.Result{allowed}, 1), ratelimit.ErrInvalidID)
-		// The Limit of a Result is the caller's to change; the refund goes
-		// to the count the decision counted in all the same.
-		edited := allowed
-		edited.Limit = ratelimit.Limit{}
-		require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{edited}, 1))
+		// A Result's Rate changed names the same count: the refund goes to
+		// the count the decision counted in.
+		rate := allowed
+		rate.Limit.Rate = 7
+		require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{rate}, 1))
 		require.Equal(t, int64(0), e.get(t, "u", time.Minute, e.windowIndex(time.Minute)))
 	})
 

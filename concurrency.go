@@ -1,12 +1,13 @@
-// Concurrency limits: Acquire, and a Slot's Release and Extend, on the
-// script of concurrency.lua; FailLocal's slots in this process.
+// Concurrency limits: Acquire, and a Slot's Release, Extend and Keep. An
+// Acquire is a decision of a request of its own kind (concurrency.lua),
+// carried by the steps every decision takes (send, fail, finish); its
+// failure policy counts in FailLocal's one table (local.go).
 
 package ratelimit
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed" // for the script source
 	"encoding/hex"
 	"errors"
@@ -70,130 +71,109 @@ func (c Concurrency) Validate() error {
 // error, FailLocal holds a slot in this process, at most Max / WithReplicas
 // at once for id. A call that failed late may still have taken a slot in
 // Redis: a Degraded slot's Release gives that back too, if it can (a
-// FailClosed refusal's is given back at once), and otherwise its lease
-// frees it. A caller whose ctx is done gets its error, and a slot its
-// acquire may yet take is freed by its lease.
+// refusal's is given back at once), and otherwise its lease frees it. A
+// caller whose ctx is done gets its error, and what its acquire may yet
+// take is given back once its call ends.
 func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, error) {
 	s := Slot{Concurrency: c}
-	if l.t == nil {
-		return s, ErrNilClient
-	}
-	if id == "" {
-		return s, fmt.Errorf("%w: id is empty", ErrInvalidID)
-	}
-	if err := c.Validate(); err != nil {
+	if err := l.enter(); err != nil {
 		return s, err
 	}
-	key, token := l.slotsKey(id, c.Name), newToken()
-	start := time.Now()
-	vals, redisErr := l.t.Eval(ctx, l.slots(), []string{key}, "a", token, c.Max, c.Lease.Milliseconds())
-	took := time.Since(start)
-	if redisErr == nil && len(vals) != 3 {
-		redisErr = fmt.Errorf("%w: %v", ErrBadReply, vals)
+	defer l.exit()
+	if err := l.checkConcurrency(id, c); err != nil {
+		return s, err
 	}
-	if redisErr != nil && gone(ctx) {
-		return s, ctx.Err()
+	d := &decision{slot: &s, cost: 1}
+	d.reqs = []*script.Request{l.concurrencyRequest(id, c, "a", newToken())}
+	d.replies = make([]script.Reply, 1)
+	d.undo = d.reqs[0].Concurrency.Token
+	took, left, err := l.send(ctx, d, id, d.reqs, nil)
+	if left {
+		return s, err
 	}
-	var err error
-	shadowed := false
-	switch {
-	case redisErr == nil:
-		s.Acquired, s.InFlight = vals[0] == 1, vals[1]
-		s.RetryAfter = time.Duration(vals[2]) * time.Millisecond
-		if s.Acquired {
-			s.held = slotHeld{l: l, id: id, key: key, token: token, lease: c.Lease, redis: true}
-		} else if l.shadow { // refuses nothing: acquired, holding nothing
-			s.Acquired, s.RetryAfter, shadowed = true, 0, true
-			s.held = slotHeld{l: l, id: id}
-		}
-	default:
-		err = l.failAcquire(ctx, id, &s, key, token, redisErr)
+	if err != nil {
+		return s, l.fail(ctx, d, id, took, err)
 	}
-	s.Remaining = max(0, c.Max-s.InFlight)
-	if s.held.redis || s.held.local {
-		l.slotsAcquired.Add(1)
-	}
-	if l.observer != nil {
-		l.observeSlot(ctx, id, &s, took, redisErr, shadowed)
-	}
-	return s, err
+	d.deriveSlot(l, id)
+	return s, l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
 
-// gone reports whether ctx is done or its deadline has passed: a client
-// that stops at its deadline by itself can return before ctx's timer fires.
-func gone(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
+// checkConcurrency validates an Acquire of c by id before anything is sent.
+func (l *Limiter) checkConcurrency(id string, c Concurrency) error {
+	if l.t == nil {
+		return ErrNilClient
 	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	if id == "" {
+		return fmt.Errorf("%w: id is empty", ErrInvalidID)
+	}
+	return c.Validate()
 }
 
-// failAcquire decides s, an Acquire of key and token that Redis could not
-// decide (redisErr), by the failure policy, and returns what the caller is
-// to get.
-func (l *Limiter) failAcquire(ctx context.Context, id string, s *Slot, key, token string, redisErr error) error {
-	l.onError(ctx, id, redisErr)
-	s.Degraded = true
-	switch l.policy {
-	case FailClosed:
-		// The script may have run: give back what it may have taken.
-		go func() { _, _ = l.t.Eval(context.WithoutCancel(ctx), l.slots(), []string{key}, "r", token) }()
-		return wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
-	case FailLocal:
-		s.Acquired, s.InFlight, s.RetryAfter = l.localSlots.acquire(key, token, s.Concurrency, l.local.share(s.Concurrency.Max), l.now())
-		if s.Acquired {
-			s.held = slotHeld{l: l, id: id, key: key, token: token, lease: s.Concurrency.Lease, local: true, maybe: true}
-		} else {
-			go func() { _, _ = l.t.Eval(context.WithoutCancel(ctx), l.slots(), []string{key}, "r", token) }()
-		}
-	default:
-		s.Acquired = true
-		s.held = slotHeld{l: l, id: id, key: key, token: token, maybe: true}
+// concurrencyRequest returns the request of op ("a" acquire, "r" release,
+// "e" extend) for token, on the slots of id under c.
+func (l *Limiter) concurrencyRequest(id string, c Concurrency, op, token string) *script.Request {
+	return &script.Request{Kind: script.KindConcurrency, NLimits: 1, Keys: []string{l.concurrencyKey(id, c.Name)},
+		Concurrency: &script.Concurrency{Op: op, Token: token, Max: c.Max, Lease: c.Lease.Milliseconds()}}
+}
+
+// deriveSlot fills d.slot, an Acquire's, from its reply: on the steps'
+// side, d.allowed.
+func (d *decision) deriveSlot(l *Limiter, id string) {
+	s, r := d.slot, &d.replies[0]
+	d.allowed = r.Allowed
+	s.Acquired, s.InFlight = r.Allowed, r.Counts[0]
+	s.RetryAfter = time.Duration(r.Counts[1]) * time.Millisecond
+	s.Remaining = max(0, s.Concurrency.Max-s.InFlight)
+	if s.Acquired {
+		s.held = slotHeld{l: l, id: id, token: d.undo, redis: true}
 	}
-	return nil
+}
+
+// release returns the request that releases what d, an Acquire, may have
+// taken.
+func (d *decision) release() *script.Request {
+	r := *d.reqs[0]
+	c := *r.Concurrency
+	c.Op, r.Concurrency = "r", &c
+	return &r
 }
 
 // slotHeld is what Release and Extend need of an Acquired slot: its
-// Limiter and id, and its key, token and lease; whether it is held in
-// Redis or in this process (FailLocal); and whether the acquire that
-// failed may have taken it in Redis all the same (maybe). A slot of
-// shadow mode holds nothing.
+// Limiter, id and token; whether it is held in Redis or in this process
+// (FailLocal); and whether the acquire that failed may have taken it in
+// Redis all the same (maybe). A slot of shadow mode holds nothing.
 type slotHeld struct {
-	l              *Limiter
-	id, key, token string
-	lease          time.Duration
-	redis, local   bool
-	maybe          bool
+	l            *Limiter
+	id, token    string
+	redis, local bool
+	maybe        bool
 }
 
 // Release gives the slot back. A second Release, or one after the lease
 // ended, does nothing and returns nil; a Slot not Acquired from this
 // Limiter is ErrInvalidSlot. A Release that cannot reach Redis goes to the
 // error handler and returns the error; the lease still ends by itself.
+// Release works after the Limiter's Close.
 func (s Slot) Release(ctx context.Context) error {
 	h := s.held
 	if !s.Acquired || h.l == nil {
 		return ErrInvalidSlot
 	}
 	l := h.l
-	if h.local && l.localSlots.release(h.key, h.token) {
+	if h.local && l.local.release(l.concurrencyKey(h.id, s.Concurrency.Name), h.token) {
 		l.slotsReleased.Add(1)
 	}
-	if h.maybe { // what a failed acquire may have taken, if Redis is back
-		_, _ = l.t.Eval(ctx, l.slots(), []string{h.key}, "r", h.token)
-	}
-	if !h.redis {
+	if !h.redis && !h.maybe {
 		return nil
 	}
-	vals, err := l.t.Eval(ctx, l.slots(), []string{h.key}, "r", h.token)
+	r, err := l.slotCall(ctx, h.id, s.Concurrency, "r", h.token, h.redis)
 	if err != nil {
-		if !gone(ctx) {
-			l.onError(ctx, h.id, err)
+		if !h.redis { // what a failed acquire may have taken: best effort
+			return nil
 		}
 		return wrap("ratelimit: release", err)
 	}
-	if len(vals) == 3 && vals[0] == 1 {
+	if h.redis && r.Allowed {
 		l.slotsReleased.Add(1)
 	}
 	return nil
@@ -203,7 +183,8 @@ func (s Slot) Release(ctx context.Context) error {
 // was acquired with); a lease that has ended is ErrLeaseEnded and the slot
 // may be someone else's. A slot that holds nothing (FailOpen's, shadow
 // mode's) extends nothing and returns nil. An Extend that cannot reach
-// Redis goes to the error handler and returns the error.
+// Redis goes to the error handler and returns the error. Extend works
+// after the Limiter's Close.
 func (s Slot) Extend(ctx context.Context) error {
 	h := s.held
 	if !s.Acquired || h.l == nil {
@@ -212,92 +193,150 @@ func (s Slot) Extend(ctx context.Context) error {
 	l := h.l
 	switch {
 	case h.local:
-		if !l.localSlots.extend(h.key, h.token, h.lease, l.now()) {
+		if !l.local.extend(l.concurrencyKey(h.id, s.Concurrency.Name), h.token, s.Concurrency.Lease, l.now()) {
 			return ErrLeaseEnded
 		}
 		return nil
 	case !h.redis:
 		return nil
 	}
-	vals, err := l.t.Eval(ctx, l.slots(), []string{h.key}, "e", h.token, 0, h.lease.Milliseconds())
+	r, err := l.slotCall(ctx, h.id, s.Concurrency, "e", h.token, true)
 	if err != nil {
-		if !gone(ctx) {
-			l.onError(ctx, h.id, err)
-		}
 		return wrap("ratelimit: extend", err)
 	}
-	if len(vals) != 3 {
-		return fmt.Errorf("%w: %v", ErrBadReply, vals)
-	}
-	if vals[0] != 1 {
+	if !r.Allowed {
 		return ErrLeaseEnded
 	}
 	return nil
+}
+
+// slotCall sends op for token, a held slot's, through the steps every call
+// takes; with report, a failure goes to the error handler, now or, when
+// the caller left, when it comes.
+func (l *Limiter) slotCall(ctx context.Context, id string, c Concurrency, op, token string, report bool) (script.Reply, error) {
+	d := &decision{quiet: true, unreported: !report}
+	d.reqs = []*script.Request{l.concurrencyRequest(id, c, op, token)}
+	d.replies = make([]script.Reply, 1)
+	_, left, err := l.send(ctx, d, id, d.reqs, nil)
+	if err != nil && !left && report {
+		l.onError(ctx, id, err)
+	}
+	return d.replies[0], err
 }
 
 // Keep extends the slot's lease every half lease while the work it guards
 // runs, and returns the func that ends it: it stops the extending and
 // releases the slot (use it as defer slot.Keep(ctx)()). For work of any
 // length: a slot kept outlives its Lease while its holder lives, and
-// returns within a Lease of its holder's death. An extension that fails
-// goes to the error handler, as Extend's; one that finds the lease ended
-// stops. Only ctx's values reach the extensions and the release: its
-// cancel and deadline end neither (each is bounded by the Limiter's
-// timeout), so that a slot is released even after its caller gave up.
+// returns within a Lease of its holder's death. Each extension is due half
+// a lease after the one before was due, however long that one took. An
+// extension that fails goes to the error handler, as Extend's; one that
+// finds the lease ended stops. Only ctx's values reach the extensions and
+// the release: its cancel and deadline end neither (each is bounded by the
+// Limiter's timeout), so that a slot is released even after its caller
+// gave up. The Limiter's Close stops the extensions (the lease then ends
+// by itself, unless released); the func still releases.
 func (s Slot) Keep(ctx context.Context) (release func()) {
 	ctx = context.WithoutCancel(ctx)
 	if !s.held.redis && !s.held.local { // nothing to extend
 		return func() { _ = s.Release(ctx) }
 	}
-	var mu sync.Mutex
-	stopped := false
-	var t *time.Timer
-	every := max(s.held.lease/2, time.Millisecond/2)
-	extend := func() {
-		if err := s.Extend(ctx); errors.Is(err, ErrLeaseEnded) || errors.Is(err, ErrInvalidSlot) {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(every)
-		}
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, extend)
-	mu.Unlock()
+	k := s.held.l.keeps.start(ctx, s)
 	return func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
+		s.held.l.keeps.stop(k)
 		_ = s.Release(ctx)
 	}
 }
 
-// slots returns the script of concurrency.lua, made once.
-func (l *Limiter) slots() *script.Script {
-	slotsScriptOnce.Do(func() { slotsScript = script.NewScript(concurrencySource, false) })
-	return slotsScript
+// keeps are the Slots kept (Slot.Keep) that have not ended: each a timer
+// that extends its lease, which Close stops.
+type keeps struct {
+	mu     sync.Mutex
+	timers map[*keeping]struct{}
+	closed bool
 }
 
-var (
-	slotsScriptOnce sync.Once
-	slotsScript     *script.Script
-)
+// keeping is one kept Slot's extending.
+type keeping struct {
+	s       Slot
+	ctx     context.Context
+	every   time.Duration
+	next    time.Time // when the next extension is due
+	timer   *time.Timer
+	stopped bool // guarded by keeps.mu
+}
 
-// slotsKey returns the key of id's slots of the concurrency limit named
-// name: prefix:{id}:slots, then :name when it has one, escaped as ids are.
-func (l *Limiter) slotsKey(id, name string) string {
-	var b strings.Builder
-	b.WriteString(l.keyPrefix)
-	if len(id) > maxIDLength {
-		sum := sha256.Sum256([]byte(id))
-		b.WriteString("%H" + hex.EncodeToString(sum[:]))
-	} else {
-		writeEscaped(&b, id)
+// start starts extending s every half lease.
+func (ks *keeps) start(ctx context.Context, s Slot) *keeping {
+	k := &keeping{s: s, ctx: ctx, every: max(s.Concurrency.Lease/2, time.Millisecond/2)}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.closed {
+		k.stopped = true
+		return k
 	}
-	b.WriteString("}:slots")
+	if ks.timers == nil {
+		ks.timers = map[*keeping]struct{}{}
+	}
+	ks.timers[k] = struct{}{}
+	k.next = time.Now().Add(k.every)
+	k.timer = time.AfterFunc(k.every, func() { ks.extend(k) })
+	return k
+}
+
+// extend extends k's lease, and arms the next extension half a lease
+// after this one was due (at once if that has passed), unless k stopped or
+// its lease ended.
+func (ks *keeps) extend(k *keeping) {
+	ks.mu.Lock()
+	if k.stopped {
+		ks.mu.Unlock()
+		return
+	}
+	k.next = k.next.Add(k.every)
+	ks.mu.Unlock()
+	if err := k.s.Extend(k.ctx); errors.Is(err, ErrLeaseEnded) || errors.Is(err, ErrInvalidSlot) {
+		ks.stop(k)
+		return
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if !k.stopped {
+		k.timer.Reset(max(0, time.Until(k.next)))
+	}
+}
+
+// stop ends k's extending.
+func (ks *keeps) stop(k *keeping) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	k.stopped = true
+	if k.timer != nil {
+		k.timer.Stop()
+	}
+	delete(ks.timers, k)
+}
+
+// close stops every kept Slot's extending, and any to come.
+func (ks *keeps) close() {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.closed = true
+	for k := range ks.timers {
+		k.stopped = true
+		k.timer.Stop()
+	}
+	ks.timers = nil
+}
+
+// concurrencyKey returns the key of id's slots of the concurrency limit
+// named name: prefix:{id}:slots, then :name when it has one, escaped as
+// ids are.
+func (l *Limiter) concurrencyKey(id, name string) string {
+	var b strings.Builder
+	b.Grow(l.tagLen(id) + len(":slots:") + escapedLen(name))
+	l.writeTag(&b, id)
+	b.WriteString(":slots")
 	if name != "" {
 		b.WriteByte(':')
 		writeEscaped(&b, name)
@@ -310,84 +349,4 @@ func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return hex.EncodeToString(b[:])
-}
-
-// localSlots are FailLocal's slots: per key, the tokens held in this
-// process and when their leases end, on the Limiter's clock.
-type localSlots struct {
-	mu   sync.Mutex
-	held map[string]map[string]time.Time
-}
-
-// acquire takes a slot of key for token if fewer than most are held now;
-// it returns whether it did, the slots held after, and when not, the wait
-// until the earliest lease ends.
-func (s *localSlots) acquire(key, token string, c Concurrency, most int64, now time.Time) (bool, int64, time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held == nil {
-		s.held = map[string]map[string]time.Time{}
-	}
-	slots := s.held[key]
-	first := time.Time{}
-	for t, end := range slots {
-		if !end.After(now) {
-			delete(slots, t)
-		} else if first.IsZero() || end.Before(first) {
-			first = end
-		}
-	}
-	if int64(len(slots)) >= most {
-		return false, int64(len(slots)), first.Sub(now)
-	}
-	if slots == nil {
-		slots = map[string]time.Time{}
-		s.held[key] = slots
-	}
-	slots[token] = now.Add(c.Lease)
-	return true, int64(len(slots)), 0
-}
-
-// release gives token's slot of key back, and reports whether it was held.
-func (s *localSlots) release(key, token string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.held[key][token]
-	delete(s.held[key], token)
-	if len(s.held[key]) == 0 {
-		delete(s.held, key)
-	}
-	return ok
-}
-
-// extend renews token's lease of key for lease from now, and reports
-// whether it was still held.
-func (s *localSlots) extend(key, token string, lease time.Duration, now time.Time) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	end, ok := s.held[key][token]
-	if !ok || !end.After(now) {
-		delete(s.held[key], token)
-		return false
-	}
-	s.held[key][token] = now.Add(lease)
-	return true
-}
-
-// observeSlot has the Observer, if a CallObserver, see an Acquire: redisErr
-// is what Redis failed with, if it did.
-func (l *Limiter) observeSlot(ctx context.Context, id string, s *Slot, took time.Duration, redisErr error, shadowed bool) {
-	c, ok := l.observer.(CallObserver)
-	if !ok {
-		return
-	}
-	e := &Event{Kind: EventAcquire, Cost: 1, Allowed: s.Acquired, Source: SourceRedis, Duration: took, Err: redisErr,
-		Concurrency: s.Concurrency, Shadow: shadowed || l.shadow}
-	if s.Degraded {
-		e.Source = SourcePolicy
-	}
-	if l.observeIDs {
-		e.ID = id
-	}
-	c.ObserveCall(ctx, e)
 }

@@ -47,6 +47,14 @@ type decision struct {
 	// quotas are AllowMany's, one per limit: each with its own id and
 	// cost (see many.go); nil for the others.
 	quotas []Quota
+	// slot is an Acquire's outcome (see concurrency.go), which the steps
+	// fill as they fill results; undo the token its request may take in
+	// Redis, given back if its caller leaves before the reply.
+	slot *Slot
+	undo string
+	// quiet: a Release's, an Extend's or a Reset's, which no Event shows;
+	// unreported: whose failure, even late, goes to no error handler.
+	quiet, unreported bool
 }
 
 // one holds a decision of one limit, beside it on its caller's stack: a
@@ -149,6 +157,7 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
+	defer l.exit()
 	now := l.now().UnixMilli()
 	leased := d.leased()
 	if leased && l.serveLeases(d, id, now, false) {
@@ -206,6 +215,7 @@ func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
 	if err := l.begin(d, id, 1); err != nil { // checked as a request of cost 1
 		return err
 	}
+	defer l.exit()
 	now := l.now().UnixMilli()
 	if d.leased() && l.serveLeases(d, id, now, true) {
 		d.derive()
@@ -364,7 +374,8 @@ func (l *Limiter) settleLeases(d *decision, id string, ok bool) {
 
 // begin starts decision d of id: it gives each of d.results its Limit,
 // making them if the caller did not, and validates the client, id, limits
-// and n, the cost they are checked at, before anything is sent.
+// and n, the cost they are checked at, before anything is sent. Unless it
+// returns an error, the decision is under way until l.exit (see enter).
 func (l *Limiter) begin(d *decision, id string, n int64) error {
 	if d.results == nil {
 		d.results = make([]Result, len(d.limits))
@@ -372,7 +383,14 @@ func (l *Limiter) begin(d *decision, id string, n int64) error {
 	for i, limit := range d.limits {
 		d.results[i].Limit = limit
 	}
-	return l.checkAll(id, d.limits, n)
+	if err := l.enter(); err != nil {
+		return err
+	}
+	if err := l.checkAll(id, d.limits, n); err != nil {
+		l.exit()
+		return err
+	}
+	return nil
 }
 
 // send sends reqs, d's requests as build made them, in one call after
@@ -386,26 +404,42 @@ func (l *Limiter) begin(d *decision, id string, n int64) error {
 // done.
 func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives []*script.Request) (took time.Duration, left bool, err error) {
 	reqs, replies := d.sending(reqs, gives)
-	var start time.Time
-	if l.observer != nil {
-		start = time.Now()
-	}
-	err = l.t.Do(ctx, reqs, replies)
+	took, left, err = l.call(ctx, d, id, reqs, replies)
 	d.received(replies, len(gives))
 	l.leases.gaveBack(ctx, id, gives, replies[:len(gives)], err)
 	if err == nil {
 		err = d.failed()
 	}
-	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
-		took = time.Since(start)
+	return took, left, err
+}
+
+// call is the one send of every operation: it sends reqs, requests of d, in
+// one call through the transport, and their replies to out. It returns how
+// long the call took, for the Observer (0 without one, or when an open
+// breaker made no call), and the call's error. When the caller left before
+// Redis answered, there is no decision: the call's failure, if it fails, is
+// reported when it comes (see reportLate), what d.undo names is given back
+// once the call ends, and call returns left true and ctx's error once ctx
+// is done.
+func (l *Limiter) call(ctx context.Context, d *decision, id string, reqs []*script.Request, out []script.Reply) (took time.Duration, left bool, err error) {
+	var start time.Time
+	if l.observer != nil {
+		start = time.Now()
 	}
+	err = l.t.Do(ctx, reqs, out)
 	if err == nil {
+		if l.observer != nil {
+			took = time.Since(start)
+		}
 		return took, false, nil
 	}
 	if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) { // gone is on the heap: not for every call
 		l.reportLate(ctx, d, id, start, gone)
 		<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
 		return 0, true, ctx.Err()
+	}
+	if l.observer != nil && !errors.Is(err, ErrCircuitOpen) { // an open breaker makes no call
+		took = time.Since(start)
 	}
 	return took, false, err
 }
@@ -599,8 +633,8 @@ func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 	return r
 }
 
-// finish is the one way out of every decision: shadow mode lets a denied
-// decision through, and the observer sees it. redisErr is what Redis
+// finish is the one way out of every decision, an Acquire's too: shadow
+// mode lets a denied decision through, and the observer sees it. redisErr is what Redis
 // failed with, if it did; err is what the caller is to get.
 func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr, err error) error {
 	var h uint64 // idHash(id), once, if some Result counted
@@ -622,6 +656,15 @@ func (l *Limiter) finish(ctx context.Context, d *decision, id string, src Source
 			r := &d.results[i]
 			// the limits that denied, or all when the failure policy did
 			r.Allowed, r.Shadowed = true, r.Shadowed || r.Degraded || d.refused&(1<<i) != 0
+		}
+		if s := d.slot; s != nil { // acquired, holding nothing
+			s.Acquired, s.RetryAfter, s.held = true, 0, slotHeld{l: l, id: id}
+		}
+	}
+	if s := d.slot; s != nil {
+		s.Remaining = max(0, s.Concurrency.Max-s.InFlight)
+		if s.held.redis || s.held.local {
+			l.slotsAcquired.Add(1)
 		}
 	}
 	if l.observer != nil {

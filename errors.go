@@ -58,6 +58,10 @@ var ErrEvictionPolicy = transport.ErrEvictionPolicy
 // call are decided as usual.
 var ErrBadReply = script.ErrBadReply
 
+// ErrClosed is wrapped by the error of every call a Limiter is given after
+// its Close that could reach Redis: nothing is sent.
+var ErrClosed = errors.New("ratelimit: limiter closed")
+
 // Errors of a Slot's Release and Extend.
 var (
 	// ErrInvalidSlot is returned by Release and Extend for a Slot that was

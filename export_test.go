@@ -1,6 +1,10 @@
 package ratelimit
 
-import "github.com/slidingwindow/ratelimit/internal/transport"
+import (
+	"context"
+
+	"github.com/slidingwindow/ratelimit/internal/transport"
+)
 
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits
@@ -82,4 +86,19 @@ func SweepByHand(l *Limiter) {
 	l.leases.mu.Lock()
 	l.leases.manual = true
 	l.leases.mu.Unlock()
+}
+
+// Settle waits until the work l does in the background (give-backs,
+// releases, calls whose callers left) has ended, as Close does, without
+// closing l.
+func Settle(l *Limiter) {
+	for {
+		_ = l.bg.Wait(context.Background())
+		if l.t != nil {
+			_ = l.t.Drain(context.Background())
+		}
+		if !l.bg.Busy() {
+			return
+		}
+	}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // fail turns an error from Redis into a decision by the failure policy:
-// every limit of the decision alike.
+// every limit of the decision alike; for an Acquire, its slot.
 func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Duration, redisErr error) error {
 	l.onError(ctx, id, redisErr)
 	var err error
@@ -20,13 +20,25 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 		d.allowed = false
 		err = wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	case FailLocal:
-		if d.quotas != nil {
+		switch {
+		case d.quotas != nil:
 			l.local.decideMany(d)
-		} else {
+		case d.slot != nil:
+			l.local.acquire(l, id, d)
+		default:
 			l.local.decide(id, d)
 		}
 	default:
 		d.allowed = true
+	}
+	if s := d.slot; s != nil {
+		s.Degraded, s.Acquired = true, d.allowed
+		if !d.allowed { // the script may have run: what it may have taken goes back
+			undo := d.release()
+			l.background(id, undo, "")
+		} else if l.policy == FailOpen {
+			s.held = slotHeld{l: l, id: id, token: d.undo, maybe: true}
+		}
 	}
 	for i := range d.results {
 		r := &d.results[i]

@@ -33,13 +33,6 @@ const maxIDLength = 1024
 // spell. The keys are slices of one string: one allocation.
 func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	var num [20]byte
-	var digest [2 + 2*sha256.Size]byte
-	if len(id) > maxIDLength {
-		sum := sha256.Sum256([]byte(id))
-		digest[0], digest[1] = '%', 'H'
-		hex.Encode(digest[2:], sum[:])
-		id = "" // written from digest below
-	}
 	window := p.w
 	if p.subs != 0 {
 		window *= p.subs
@@ -47,23 +40,15 @@ func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 	n := p.keys()
 	// Exactly the keys' length: the head every key shares, then an index
 	// of at most as many digits as the longest of the first and the last.
-	size := len(l.keyPrefix) + escapedLen(id) + 2 + len(strconv.AppendInt(num[:0], window, 10)) + 1
-	if id == "" {
-		size += len(digest)
-	}
+	size := l.tagLen(id) + 1 + len(strconv.AppendInt(num[:0], window, 10)) + 1
 	if p.subs != 0 {
 		size += 1 + len(strconv.AppendInt(num[:0], p.subs, 10))
 	}
 	index := max(len(strconv.AppendInt(num[:0], p.i, 10)), len(strconv.AppendInt(num[:0], p.i-int64(n-1), 10)))
 	var b strings.Builder
 	b.Grow(n * (size + index))
-	b.WriteString(l.keyPrefix)
-	if id == "" {
-		b.Write(digest[:])
-	} else {
-		writeEscaped(&b, id)
-	}
-	b.WriteString("}:")
+	l.writeTag(&b, id)
+	b.WriteByte(':')
 	b.Write(strconv.AppendInt(num[:0], window, 10))
 	if p.subs != 0 {
 		b.WriteByte('/')
@@ -85,6 +70,32 @@ func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
 		start = end
 	}
 	return dst
+}
+
+// writeTag writes what every key of id starts with, the keys of its
+// windows and of its concurrency limits alike: the prefix, the hash tag of
+// id escaped (or of its digest, for an id longer than maxIDLength), and
+// the tag's end, '}'.
+func (l *Limiter) writeTag(b *strings.Builder, id string) {
+	b.WriteString(l.keyPrefix)
+	if len(id) > maxIDLength {
+		sum := sha256.Sum256([]byte(id))
+		var digest [2 + 2*sha256.Size]byte
+		digest[0], digest[1] = '%', 'H'
+		hex.Encode(digest[2:], sum[:])
+		b.Write(digest[:])
+	} else {
+		writeEscaped(b, id)
+	}
+	b.WriteByte('}')
+}
+
+// tagLen returns the length of what writeTag writes for id.
+func (l *Limiter) tagLen(id string) int {
+	if len(id) > maxIDLength {
+		return len(l.keyPrefix) + 2 + 2*sha256.Size + 1
+	}
+	return len(l.keyPrefix) + escapedLen(id) + 1
 }
 
 // keyPrefixFor returns the fixed start of every key: the prefix, with braces

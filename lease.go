@@ -43,6 +43,8 @@ type leaseTable struct {
 	sweeping bool          // a sweeper goroutine runs
 	stopped  chan struct{} // closed when the last sweeper started has ended
 	manual   bool          // no sweeper goroutine: a test calls sweep
+	quit     chan struct{} // closed by close: the sweeper ends
+	closed   bool          // by close: no sweeper starts again
 
 	givenBack atomic.Int64 // units given back, Redis said so
 	lost      atomic.Int64 // units not given back: dropped, or their call failed
@@ -105,7 +107,7 @@ const (
 )
 
 func newLeaseTable(l *Limiter) *leaseTable {
-	return &leaseTable{l: l, entries: make(map[leaseKey]*lease), max: maxLeases}
+	return &leaseTable{l: l, entries: make(map[leaseKey]*lease), max: maxLeases, quit: make(chan struct{})}
 }
 
 // leaseCap returns the largest lease of a limit of rate.
@@ -383,7 +385,7 @@ func (t *leaseTable) forget(id string, p position, keys []string) {
 
 // start starts the sweeper if it is not running. Called with t.mu held.
 func (t *leaseTable) start() {
-	if t.sweeping || t.manual {
+	if t.sweeping || t.manual || t.closed {
 		return
 	}
 	t.sweeping = true
@@ -397,10 +399,47 @@ func (t *leaseTable) run(stopped chan struct{}) {
 	defer close(stopped)
 	tick := time.NewTicker(sweepEvery)
 	defer tick.Stop()
-	for range tick.C {
+	for {
+		select {
+		case <-tick.C:
+		case <-t.quit:
+			return
+		}
 		if !t.sweep() {
 			return
 		}
+	}
+}
+
+// close ends the table for the Limiter's Close: it stops the sweeper,
+// waiting for a sweep under way to end (or for ctx), drops every lease and
+// sends what they hold back, with every pending give-back, each in a call
+// of its own in the Limiter's background (they batch), which Close waits
+// for.
+func (t *leaseTable) close(ctx context.Context) {
+	t.mu.Lock()
+	t.closed = true
+	close(t.quit)
+	stopped := t.stopped
+	if !t.sweeping {
+		stopped = nil
+	}
+	t.mu.Unlock()
+	if stopped != nil {
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+		}
+	}
+	t.mu.Lock()
+	for k, e := range t.entries {
+		t.drop(k, e)
+	}
+	gives := t.pending
+	t.pending = nil
+	t.mu.Unlock()
+	for _, g := range gives {
+		t.l.bg.Go(func() { t.send(g) })
 	}
 }
 

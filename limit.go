@@ -228,24 +228,37 @@ func ParseLimit(s string) (Limit, error) {
 // ErrInvalidLimit. Check a plan from configuration with it at start-up;
 // httplimit and grpclimit check theirs with it.
 func ValidateLimits(limits []Limit) error {
-	if len(limits) == 0 {
-		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
-	}
-	if len(limits) > maxLimits {
-		return fmt.Errorf("%w: %d limits, more than %d", ErrInvalidLimit, len(limits), maxLimits)
+	if err := checkLen(len(limits), "limits"); err != nil {
+		return err
 	}
 	for i, limit := range limits {
 		if err := limit.Validate(); err != nil {
 			return err
 		}
 		for _, other := range limits[:i] {
-			if other.Window == limit.Window && other.Strict == limit.Strict {
+			if sameCount(other, limit) {
 				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
 			}
 		}
 	}
 	return nil
 }
+
+// checkLen checks the length n of a call's list of what (limits, quotas):
+// at least one, at most maxLimits.
+func checkLen(n int, what string) error {
+	if n == 0 {
+		return fmt.Errorf("%w: no %s", ErrInvalidLimit, what)
+	}
+	if n > maxLimits {
+		return fmt.Errorf("%w: %d %s, more than %d", ErrInvalidLimit, n, what, maxLimits)
+	}
+	return nil
+}
+
+// sameCount reports whether limits a and b of one id share one count:
+// their windows are the same length and kind.
+func sameCount(a, b Limit) bool { return a.Window == b.Window && a.Strict == b.Strict }
 
 // validate reports what is wrong with one decision's input, before Redis is
 // consulted. n is the cost; Peek passes 1.

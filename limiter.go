@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/group"
 	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 )
@@ -136,15 +137,18 @@ func better(r, b Result) bool {
 // application servers sharing one Redis (or Redis Cluster) share each limit
 // exactly. A Limiter is safe for simultaneous use by multiple goroutines.
 //
-// It needs no Close: it keeps no goroutine of its own. Some goroutines can
-// outlive a call for a while, and end by themselves: with a client that
-// ignores ctx deadlines (go-redis's default), a call that timed out leaves
-// the client's goroutine waiting until the client's ReadTimeout; with
-// batching, the goroutine sending a batch ends when no request is waiting;
-// the first successful call to each server starts one that looks up its
-// eviction policy, within a second; and while the Limiter holds leases
-// (Limit.Leased), one gives back what goes unused, and ends about a second
-// after the last leased decision.
+// Close it when the process is done with it, after the servers that call
+// it have stopped (http.Server.Shutdown): Close gives back what its leases
+// (Limit.Leased) hold unused, which would otherwise count in Redis until
+// their windows end, and waits for its goroutines. Some of those outlive a
+// call for a while: with a client that ignores ctx deadlines (go-redis's
+// default), a call that timed out waits until the client's ReadTimeout;
+// with batching, the goroutine sending a batch ends when no request is
+// waiting; the first successful call to each server starts one that looks
+// up its eviction policy, within a second; give-backs and the failure
+// reports of calls whose callers left go on after their calls; and while
+// the Limiter holds leases, one gives back what goes unused, and ends about
+// a second after the last leased decision.
 type Limiter struct {
 	serial      uint64 // tells its Results from another Limiter's, for Refund
 	keyPrefix   string // the prefix, escaped, then ":{"
@@ -159,12 +163,20 @@ type Limiter struct {
 	denied      *denyCache           // nil unless WithDenyCache
 	local       *localWindows        // nil unless FailLocal
 	leases      *leaseTable
-	localSlots  localSlots // FailLocal's slots
+	keeps       keeps // Slot.Keep's extensions
 	// slotsAcquired and slotsReleased count Acquire's slots and their
 	// Releases, for Stats.
 	slotsAcquired, slotsReleased atomic.Int64
 	// sleep pauses Wait between tries; tests replace it to move a fake clock.
 	sleep func(ctx context.Context, d time.Duration) error
+
+	// closed is set by Close; closing is canceled then, ending Wait's
+	// sleeps. ops counts the calls under way, which Close waits for; bg
+	// the goroutines of the Limiter's own (give-backs, releases).
+	closed  atomic.Bool
+	closing context.Context
+	cancel  context.CancelFunc
+	ops, bg group.Group
 }
 
 // limiters numbers the Limiters of the process.
@@ -202,6 +214,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		observeIDs: cfg.observeIDs,
 		sleep:      sleepCtx,
 	}
+	l.closing, l.cancel = context.WithCancel(context.Background())
 	if cfg.countDenied {
 		l.countDenied = script.ModeCountDenied
 	}
@@ -218,6 +231,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	if !isNil(client) {
 		l.t = transport.New(client, transport.Config{
 			Script:          slidingWindowSource,
+			Concurrency:     concurrencySource,
 			Timeout:         cfg.timeout,
 			MaxBatch:        cfg.batchMax,
 			BreakerFailures: cfg.breakerFailures,
@@ -307,12 +321,19 @@ func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Res
 // non-nil for invalid input, when ctx is done, and when Redis fails; the
 // failure policy does not apply.
 func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
+	if err := l.enter(); err != nil {
+		return err
+	}
+	defer l.exit()
 	if err := l.check(id, limit, 1); err != nil {
 		return err
 	}
 	pos := locate(l.now().UnixMilli(), limit)
 	keys := l.appendKeys(nil, id, pos)
-	err := l.t.Delete(ctx, keys...)
+	d := &decision{quiet: true}
+	d.reqs = []*script.Request{{Kind: script.KindDelete, Keys: keys}}
+	d.replies = make([]script.Reply, 1)
+	_, _, err := l.send(ctx, d, id, d.reqs, nil)
 	if l.denied != nil {
 		l.denied.forget(id, pos)
 	}

@@ -1,4 +1,5 @@
-// FailLocal's windows, counted in this process.
+// FailLocal's windows and concurrency slots, counted in this process, in
+// one bounded table.
 
 package ratelimit
 
@@ -6,6 +7,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"slices"
+	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
@@ -148,4 +150,70 @@ func (w *localWindows) decideMany(d *decision) {
 		w.table.shard(keys[s.at]).put(tableKey{keys[s.at], s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
 	}
 	d.deriveMany()
+}
+
+// acquire decides d, an Acquire of id, in this process against its
+// limit's share: a slot is held here, under the concurrency limit's key,
+// until it is released or its lease ends on the Limiter's clock. It fills
+// d.allowed and the Slot's counts; an acquired Slot holds its slot here,
+// and may hold one in Redis (its call failed late).
+func (w *localWindows) acquire(l *Limiter, id string, d *decision) {
+	s := d.slot
+	c := s.Concurrency
+	k := tableKey{id: w.key(l.concurrencyKey(id, c.Name))} // no window's: w and subs 0
+	now := l.now()
+	shard := w.table.lock(k.id)
+	defer shard.mu.Unlock()
+	e := shard.entries[k]
+	var first time.Time
+	for token, end := range e.slots {
+		if !end.After(now) {
+			delete(e.slots, token)
+		} else if first.IsZero() || end.Before(first) {
+			first = end
+		}
+	}
+	s.InFlight = int64(len(e.slots))
+	if d.allowed = s.InFlight < w.share(c.Max); !d.allowed {
+		s.RetryAfter = first.Sub(now)
+		return
+	}
+	if e.slots == nil {
+		e.slots = map[string]time.Time{}
+	}
+	e.slots[d.undo] = now.Add(c.Lease)
+	shard.put(k, e)
+	s.InFlight++
+	s.held = slotHeld{l: l, id: id, token: d.undo, local: true, maybe: true}
+}
+
+// release gives token's slot of the concurrency limit keyed key back, and
+// reports whether it was held.
+func (w *localWindows) release(key, token string) bool {
+	k := tableKey{id: w.key(key)}
+	shard := w.table.lock(k.id)
+	defer shard.mu.Unlock()
+	e := shard.entries[k]
+	_, ok := e.slots[token]
+	delete(e.slots, token)
+	if len(e.slots) == 0 {
+		delete(shard.entries, k)
+	}
+	return ok
+}
+
+// extend renews token's lease of the concurrency limit keyed key for lease
+// from now, and reports whether it was still held.
+func (w *localWindows) extend(key, token string, lease time.Duration, now time.Time) bool {
+	k := tableKey{id: w.key(key)}
+	shard := w.table.lock(k.id)
+	defer shard.mu.Unlock()
+	e := shard.entries[k]
+	end, ok := e.slots[token]
+	if !ok || !end.After(now) {
+		delete(e.slots, token)
+		return false
+	}
+	e.slots[token] = now.Add(lease)
+	return true
 }

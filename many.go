@@ -6,7 +6,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -77,24 +76,25 @@ func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
 		d.results[i].Limit = q.Limit
 		d.cost = max(d.cost, q.Cost)
 	}
+	if err := l.enter(); err != nil {
+		return err
+	}
+	defer l.exit()
 	if err := l.checkMany(d.quotas); err != nil {
 		return err
 	}
 	id := d.quotas[0].ID // for the error handler and the Observer
 	groups := l.buildMany(d, l.now().UnixMilli())
 	var took time.Duration
+	var left bool
 	var err error
 	if len(groups) == 1 {
-		var left bool
-		if took, left, err = l.send(ctx, d, id, d.reqs, nil); left {
-			return err
-		}
+		took, left, err = l.send(ctx, d, id, d.reqs, nil)
 	} else {
-		var left bool
-		if took, left, err = l.sendGroups(ctx, d, id, groups); left {
-			<-ctx.Done() // at once, or as soon as the timer of a deadline just passed fires
-			return ctx.Err()
-		}
+		took, left, err = l.sendGroups(ctx, d, id, groups)
+	}
+	if left {
+		return err
 	}
 	if err != nil {
 		return l.fail(ctx, d, id, took, err)
@@ -109,17 +109,11 @@ func (l *Limiter) checkMany(quotas []Quota) error {
 	if l.t == nil {
 		return ErrNilClient
 	}
-	if len(quotas) == 0 {
-		return fmt.Errorf("%w: no quotas", ErrInvalidLimit)
-	}
-	if len(quotas) > maxLimits {
-		return fmt.Errorf("%w: %d quotas, more than %d", ErrInvalidLimit, len(quotas), maxLimits)
+	if err := checkLen(len(quotas), "quotas"); err != nil {
+		return err
 	}
 	for i, q := range quotas {
-		if q.ID == "" {
-			return fmt.Errorf("%w: the id of quota %d is empty", ErrInvalidID, i)
-		}
-		if err := q.Limit.Validate(); err != nil {
+		if err := validate(q.ID, q.Limit, 1); err != nil { // the id and the limit: a Cost of 0 is valid here
 			return wrap(fmt.Sprintf("ratelimit: quota %d", i), err)
 		}
 		if q.Limit.Leased {
@@ -129,7 +123,7 @@ func (l *Limiter) checkMany(quotas []Quota) error {
 			return fmt.Errorf("%w: cost %d of quota %d is not between 0 and 2^53", ErrInvalidCost, q.Cost, i)
 		}
 		for j, o := range quotas[:i] {
-			if o.ID == q.ID && o.Limit.Window == q.Limit.Window && o.Limit.Strict == q.Limit.Strict {
+			if o.ID == q.ID && sameCount(o.Limit, q.Limit) {
 				return fmt.Errorf("%w: quotas %d and %d have the same id and window (%v and %v), and would share one count", ErrInvalidLimit, j, i, o.Limit, q.Limit)
 			}
 		}
@@ -209,17 +203,19 @@ func (d *decision) sameCost() int64 {
 	return c
 }
 
-// sendGroups sends the requests of each of groups, the slots of a Cluster,
-// in calls of their own at once, and puts their replies in d.replies. If
-// some slot's enforced request was refused, or failed, the enforced
-// requests of the others that counted give back what they counted. It
-// returns how long the calls took (for the Observer), and the first error;
-// left when the caller left before some slot answered (there is no
-// decision then: what that slot's call counts, if it lands, stays until
-// its window slides out, as a decision's whose caller left).
+// sendGroups sends the requests of each of groups, the hash slots of a
+// Cluster, in calls of their own at once, and puts their replies in
+// d.replies. If some group's enforced request was refused, or failed, the
+// enforced requests of the others that counted give back what they
+// counted, in the background (see giveBackMany). It returns how long the
+// calls took (for the Observer), and the first group's error; left when the
+// caller left before some group answered (there is no decision then: what
+// that group's call counts, if it lands, stays until its window slides
+// out, as a decision's whose caller left).
 func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups [][]int) (took time.Duration, left bool, err error) {
 	start := time.Now()
 	errs := make([]error, len(groups))
+	lefts := make([]bool, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
 		wg.Add(1)
@@ -230,7 +226,7 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 			for i, r := range group {
 				reqs[i] = d.reqs[r]
 			}
-			errs[g] = l.t.Do(ctx, reqs, replies)
+			_, lefts[g], errs[g] = l.call(ctx, d, id, reqs, replies)
 			for i, r := range group {
 				d.replies[r] = replies[i]
 			}
@@ -238,7 +234,13 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 	}
 	wg.Wait()
 	took = time.Since(start)
-	err = errors.Join(errs...)
+	for g := range groups {
+		if lefts[g] && !left {
+			err, left = errs[g], true
+		} else if err == nil {
+			err = errs[g]
+		}
+	}
 	if err == nil {
 		err = d.failed()
 	}
@@ -250,54 +252,30 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 		}
 	}
 	if refused {
-		l.giveBackMany(ctx, d, id)
+		l.giveBackMany(d, id)
 	}
-	if err != nil {
-		if gone := (*transport.CallerLeft)(nil); errors.As(err, &gone) {
-			return took, true, err
-		}
-		for _, e := range errs { // the first server's error, as for one call
-			if e != nil {
-				return took, false, e
-			}
-		}
-	}
-	return took, false, err
+	return took, left, err
 }
 
 // giveBackMany gives back what the enforced requests of d that were allowed
 // counted, each quota's Cost in the window it counted it in, and marks them
-// refused: the decision's other slots refused it. A give-back that fails
+// refused: the decision's other hash slots refused it. The give-backs go in
+// the background, one call per key (they batch), owed whether or not the
+// caller still waits: its caller does not wait for them. One that fails
 // goes to the error handler; the count it leaves stays until its window
 // slides out of the limit's span.
-func (l *Limiter) giveBackMany(ctx context.Context, d *decision, id string) {
-	bySlot := map[int][]*script.Request{}
+func (l *Limiter) giveBackMany(d *decision, id string) {
 	for i := range d.spans {
 		s := &d.spans[i]
 		q := d.quotas[s.at]
 		if s.shadow || !d.replies[s.req].Allowed || q.Cost == 0 {
 			continue
 		}
-		key := d.reqs[s.req].Keys[s.first]
-		slot := transport.Slot(key)
-		bySlot[slot] = append(bySlot[slot], script.GiveBack(q.Cost, key))
+		l.background(id, script.GiveBack(q.Cost, d.reqs[s.req].Keys[s.first]), "ratelimit: giving back the hash slots of a refused AllowMany")
 	}
 	for i := range d.spans {
 		if s := &d.spans[i]; !s.shadow {
 			d.replies[s.req].Allowed = false
-		}
-	}
-	ctx = context.WithoutCancel(ctx) // owed whether or not the caller still waits
-	for _, gives := range bySlot {
-		out := make([]script.Reply, len(gives))
-		err := l.t.Do(ctx, gives, out)
-		for _, r := range out {
-			if err == nil {
-				err = r.Err
-			}
-		}
-		if err != nil {
-			l.onError(ctx, id, wrap("ratelimit: giving back the slots of a refused AllowMany", err))
 		}
 	}
 }

@@ -163,6 +163,8 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 		e.Kind = EventCharge
 	case d.refund:
 		e.Kind, e.Cost = EventRefund, -d.cost
+	case d.slot != nil:
+		e.Kind, e.Concurrency = EventAcquire, d.slot.Concurrency
 	}
 	e.Shadow, e.Left = l.shadow, d.left
 	for _, limit := range d.limits {

@@ -6,6 +6,7 @@ package ratelimit
 import (
 	"hash/maphash"
 	"sync"
+	"time"
 )
 
 // windowTable keeps, in this process, per id and window length, a window
@@ -32,10 +33,13 @@ type tableKey struct {
 	w, subs int64
 }
 
-// windowEntry holds the counts of a limit as they stood in window i.
+// windowEntry holds the counts of a limit as they stood in window i; or,
+// under a key of no window (w and subs 0), FailLocal's slots of a
+// concurrency limit: per token, when its lease ends.
 type windowEntry struct {
 	i int64
 	counts
+	slots map[string]time.Time
 }
 
 // at returns the counts as they stand at p with no traffic since the entry

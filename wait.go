@@ -100,7 +100,7 @@ func (l *Limiter) WaitN(ctx context.Context, id string, limit Limit, n int64) er
 				d = wait
 			}
 		}
-		if err := l.sleep(ctx, d); err != nil {
+		if err := l.sleepOpen(ctx, d); err != nil {
 			return err
 		}
 	}

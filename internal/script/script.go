@@ -50,11 +50,14 @@ func NewScript(src string, cross bool) *Script {
 // handed to the transport, and a call's arguments point into it rather
 // than box copies of its numbers.
 type Request struct {
+	Kind    Kind  // the command that carries it: KindWindow unless set
 	Cost    int64 // 0 looks without counting; below 0 gives back (see GiveBack)
 	Mode    int64 // ModeCount, ModeCountDenied, ModeLease or ModeCharge
 	NLimits int64
 	Keys    []string    // every limit's keys, in order
 	Limits  []LimitArgs // one per limit
+	// Concurrency is a KindConcurrency request's; nil for the others.
+	Concurrency *Concurrency
 }
 
 // A request's mode, as the script takes it.

@@ -136,7 +136,7 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*script.Request, ou
 			b.mu.Unlock()
 			err := b.t.exchange(leave, wire, b.srv, b.t.client, b.t.decider, reqs, out)
 			if l := lateOf(err); l != nil {
-				l.then(b.next) // in flight until it ends, its caller gone or not
+				l.Then(b.next) // in flight until it ends, its caller gone or not
 			} else {
 				b.next()
 			}
@@ -166,7 +166,7 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*script.Request, ou
 	b.keys += p.keys
 	if b.sending < maxInFlight {
 		b.sending++
-		go b.flush()
+		b.t.work.Go(b.flush)
 	}
 	b.mu.Unlock()
 	select {
@@ -182,13 +182,13 @@ func (b *batcher) decide(leave, wire context.Context, reqs []*script.Request, ou
 		return wire.Err()
 	}
 	gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
-	go func() { // until its call, if it is in one, ends: one that was made
+	b.t.work.Go(func() { // until its call, if it is in one, ends: one that was made
 		var err error
 		if r := <-p.done; r.err != nil && r.err != errUnsent && !errors.Is(r.err, ErrCircuitOpen) {
 			err = b.t.explain(wire, b.srv, r.err)
 		}
 		gone.Late.end(err)
-	}()
+	})
 	return gone
 }
 
@@ -240,7 +240,7 @@ func (b *batcher) next() {
 		b.sending--
 		return
 	}
-	go b.flush()
+	b.t.work.Go(b.flush)
 }
 
 // flush sends the waiting decisions, a batch at a time, until none waits or

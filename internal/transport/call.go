@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidingwindow/ratelimit/internal/group"
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
@@ -36,18 +37,18 @@ func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.U
 	if leave == wire && (t.ctxAware || wire.Done() == nil) {
 		err = t.call(wire, c, sc, reqs, out)
 	} else {
-		vals, w, callErr := sendWatched(leave, wire, c, sc, reqs)
+		vals, w, callErr := t.sendWatched(leave, wire, c, sc, reqs)
 		switch {
 		case w != nil && leave != wire: // the caller left before the Limiter's deadline
 			gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
-			go t.judgeLate(w, wire, srv, probe, gone.Late)
+			t.work.Go(func() { t.judgeLate(w, wire, srv, probe, gone.Late) })
 			return gone
 		case w != nil:
 			err = wire.Err()
 		case callErr != nil:
 			err = callErr
 		default:
-			err = script.Decode(vals, reqs, out)
+			err = decode(vals, reqs, out)
 		}
 	}
 	t.judge(wire, srv, probe, err)
@@ -75,7 +76,7 @@ func (t *Transport) judge(wire context.Context, srv *server, probe bool, err err
 	if err == nil {
 		if _, seen := t.checked.Load(srv.name); !seen {
 			if _, seen := t.checked.LoadOrStore(srv.name, struct{}{}); !seen {
-				go t.checkEviction(srv)
+				t.work.Go(func() { t.checkEviction(srv) })
 			}
 		}
 	}
@@ -117,12 +118,25 @@ func (t *Transport) call(ctx context.Context, c redis.UniversalClient, sc *scrip
 		vals, err = send(ctx, c, sc, reqs)
 	} else {
 		var w *watchedCall
-		if vals, w, err = sendWatched(ctx, ctx, c, sc, reqs); w != nil {
+		if vals, w, err = t.sendWatched(ctx, ctx, c, sc, reqs); w != nil {
 			err = ctx.Err()
 		}
 	}
 	if err != nil {
 		return err
+	}
+	return decode(vals, reqs, out)
+}
+
+// decode checks the reply vals of a call of reqs, and stores each
+// request's reply in out.
+func decode(vals []int64, reqs []*script.Request, out []script.Reply) error {
+	switch reqs[0].Kind {
+	case script.KindConcurrency:
+		return script.DecodeConcurrency(vals, &out[0])
+	case script.KindDelete:
+		out[0] = script.Reply{Allowed: true}
+		return nil
 	}
 	return script.Decode(vals, reqs, out)
 }
@@ -138,6 +152,7 @@ type watchedCall struct {
 	vals []int64
 	err  error
 	done chan struct{} // buffered: the goroutine never waits for its caller
+	work *group.Group  // counts its goroutine
 }
 
 // watchedCalls holds the watchedCalls whose callers took their replies:
@@ -148,6 +163,7 @@ var watchedCalls = sync.Pool{New: func() any { return &watchedCall{done: make(ch
 
 // run makes w's call, then lets its caller know; it touches w no more.
 func (w *watchedCall) run() {
+	defer w.work.Done()
 	w.vals, w.err = send(w.ctx, w.c, w.sc, w.reqs)
 	w.done <- struct{}{}
 }
@@ -156,9 +172,10 @@ func (w *watchedCall) run() {
 // command: it returns the reply, or the call itself if leave is done first,
 // which is then its goroutine's until the client's own timeouts end it: its
 // done receives once, when it ends.
-func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, *watchedCall, error) {
+func (t *Transport) sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, *watchedCall, error) {
 	w := watchedCalls.Get().(*watchedCall)
-	w.ctx, w.c, w.sc, w.reqs = ctx, c, sc, reqs
+	w.ctx, w.c, w.sc, w.reqs, w.work = ctx, c, sc, reqs, &t.work
+	t.work.Add() // done by run
 	go w.run()
 	select {
 	case <-w.done:
@@ -171,9 +188,16 @@ func sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script
 	}
 }
 
-// send makes the script call of sc for reqs on c and returns its reply's
-// integers.
+// send makes the call of reqs (the script call of sc, or a delete) on c
+// and returns its reply's integers.
 func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, error) {
+	switch reqs[0].Kind {
+	case script.KindConcurrency:
+		var buf [8]any
+		return eval(ctx, c, sc, script.AppendConcurrency(buf[:0], sc, reqs[0]), 0)
+	case script.KindDelete:
+		return nil, c.Del(ctx, reqs[0].Keys...).Err()
+	}
 	cross := sc.Cross
 	short, n := script.ShortCall(reqs, cross), 0
 	if short {
@@ -201,26 +225,6 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs 
 // not reused; nor is one longer than MaxCallValues. (A go-redis hook that
 // kept a command past its return would see a later call's arguments there.)
 var argLists = sync.Pool{New: func() any { return new([]any) }}
-
-// Delete deletes keys, within the Limiter's deadline: not a decision, so
-// neither batched nor judged by a breaker.
-func (t *Transport) Delete(ctx context.Context, keys ...string) error {
-	_, err := run(ctx, t, func(ctx context.Context) (int64, error) {
-		return t.client.Del(ctx, keys...).Result()
-	})
-	return err
-}
-
-// run runs fn, a command that is not a decision, within the Limiter's
-// deadline, on a client that may not watch ctx.
-func run[T any](ctx context.Context, t *Transport, fn func(context.Context) (T, error)) (T, error) {
-	ctx, cancel, _ := t.deadline(ctx)
-	defer cancel()
-	if t.ctxAware || ctx.Done() == nil {
-		return fn(ctx)
-	}
-	return Watch(ctx, fn)
-}
 
 // Watch runs fn in a goroutine and returns when it does or when ctx is done,
 // whichever comes first: the client may not stop at ctx's deadline by
@@ -257,54 +261,4 @@ func HonoursContext(client redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false
-}
-
-// Eval runs sc, a script of its own (not the decider), on keys and args, on
-// the server of keys[0]: asked of that server's breaker and judged by it,
-// within the Limiter's timeout, sent once (a call that may have run is
-// never sent again), and returns the reply's integers. Not batched. A
-// caller whose own deadline, shorter than the Limiter's timeout, ends the
-// call gets its ctx's error, and the breaker counts nothing of it: the
-// caller's patience says nothing of Redis.
-func (t *Transport) Eval(ctx context.Context, sc *script.Script, keys []string, args ...any) ([]int64, error) {
-	if expired(ctx) {
-		return nil, ctxErr(ctx)
-	}
-	wire, cancel, ours := t.deadline(ctx)
-	defer cancel()
-	srv, err := t.serverFor(wire, wire, keys[0])
-	if err != nil {
-		if expired(ctx) {
-			return nil, ctxErr(ctx)
-		}
-		return nil, t.explain(wire, srv, err)
-	}
-	probe := false
-	if b := srv.breaker; b != nil {
-		ok, p := b.allow()
-		if !ok {
-			t.reload()
-			return nil, t.explain(wire, srv, ErrCircuitOpen)
-		}
-		probe = p
-	}
-	cmd := make([]any, 0, 3+len(keys)+len(args))
-	cmd = append(cmd, "evalsha", sc.SHA, len(keys))
-	for _, k := range keys {
-		cmd = append(cmd, k)
-	}
-	cmd = append(cmd, args...)
-	vals, err := run(wire, t, func(ctx context.Context) ([]int64, error) { return eval(ctx, t.client, sc, cmd, 0) })
-	if err != nil && expired(ctx) && (!ours || errors.Is(ctx.Err(), context.Canceled)) {
-		// the caller's own deadline, or its cancel, ended the call
-		if b := srv.breaker; b != nil {
-			b.abandon(probe)
-		}
-		return nil, ctxErr(ctx)
-	}
-	t.judge(wire, srv, probe, err)
-	if err != nil {
-		return nil, t.explain(wire, srv, err)
-	}
-	return vals, nil
 }

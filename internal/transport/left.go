@@ -63,8 +63,9 @@ func (l *Late) OnFailure(report func(error)) {
 	}
 }
 
-// then has f run when the call ends: at once if it has.
-func (l *Late) then(f func()) {
+// Then has f run when the call ends, on the goroutine that saw it end: at
+// once if it has.
+func (l *Late) Then(f func()) {
 	l.mu.Lock()
 	if !l.ended {
 		l.after = append(l.after, f)

@@ -85,7 +85,7 @@ func (t *Transport) awaitMap(leave, wire context.Context) error {
 	if m == nil || time.Since(m.started) > t.mapBound() {
 		m = &mapLoad{started: time.Now(), done: make(chan struct{})}
 		t.loading = m
-		go t.loadMap(m)
+		t.work.Go(func() { t.loadMap(m) })
 	}
 	t.mapMu.Unlock()
 	select {
@@ -97,7 +97,7 @@ func (t *Transport) awaitMap(leave, wire context.Context) error {
 		return fmt.Errorf("loading its slot map: %w", wire.Err())
 	}
 	gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
-	go func() {
+	t.work.Go(func() {
 		var err error
 		select {
 		case <-m.done:
@@ -109,7 +109,7 @@ func (t *Transport) awaitMap(leave, wire context.Context) error {
 			err = t.explain(wire, nil, err)
 		}
 		gone.Late.end(err)
-	}()
+	})
 	return gone
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/slidingwindow/ratelimit/internal/group"
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
@@ -29,10 +30,11 @@ type Transport struct {
 	// batch on a single Redis; crossSlot the same script for a batch of
 	// decisions whose keys are in several slots of one Cluster master.
 	decider, crossSlot *script.Script
-	timeout            time.Duration // 0 or less: none
-	ctxAware           bool          // the client stops at its ctx deadline by itself
-	maxBatch           int           // requests per call; 1 or less: no batching
-	few                int           // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
+	concurrency        *script.Script // concurrency.lua
+	timeout            time.Duration  // 0 or less: none
+	ctxAware           bool           // the client stops at its ctx deadline by itself
+	maxBatch           int            // requests per call; 1 or less: no batching
+	few                int            // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -53,6 +55,7 @@ type Transport struct {
 	checked    sync.Map             // names of the servers whose eviction policy was looked up
 	tick       atomic.Pointer[tick] // the last deadline made for a ctx that is never canceled
 	epoch      time.Time            // ticks count from here, on the monotonic clock
+	work       group.Group          // the goroutines it started
 }
 
 // server is one Redis server the transport sends calls to: the client's
@@ -87,8 +90,9 @@ const (
 // Config is what a Transport is made with: the Limiter's options that bear
 // on its calls.
 type Config struct {
-	// Script is the source of the script that decides.
-	Script string
+	// Script is the source of the script that decides, sliding_window.lua;
+	// Concurrency that of concurrency.lua.
+	Script, Concurrency string
 	// Timeout bounds each call, queue and call together; 0 or less: none.
 	Timeout time.Duration
 	// MaxBatch is the most requests of one call; 1 or less: no batching.
@@ -108,6 +112,7 @@ func New(client redis.UniversalClient, cfg Config) *Transport {
 		client:          client,
 		decider:         script.NewScript(cfg.Script, false),
 		crossSlot:       script.NewScript(cfg.Script, true),
+		concurrency:     script.NewScript(cfg.Concurrency, false),
 		timeout:         cfg.Timeout,
 		ctxAware:        HonoursContext(client),
 		maxBatch:        cfg.MaxBatch,
@@ -149,11 +154,13 @@ func serverName(c *redis.Client) string {
 	return "Sentinel master"
 }
 
-// Do sends one decision's requests, at once or in a batch with other
-// decisions', and stores each request's reply in out. The Limiter's timeout
-// counts from here, and bounds the call on the wire whatever the caller's
-// own deadline (see wire): a caller who leaves first gets a *CallerLeft,
-// through which a failure of its call is told later.
+// Do is the one way to Redis: it sends one call's requests, at once or in a
+// batch with other decisions', and stores each request's reply in out.
+// Requests of sliding_window.lua (KindWindow) may batch; a request of
+// another kind goes alone, one per call. The Limiter's timeout counts from
+// here, and bounds the call on the wire whatever the caller's own deadline
+// (see wire): a caller who leaves first gets a *CallerLeft, through which a
+// failure of its call is told later.
 func (t *Transport) Do(ctx context.Context, reqs []*script.Request, out []script.Reply) error {
 	if expired(ctx) { // send nothing for a caller who is gone
 		return &CallerLeft{err: ctxErr(ctx)}
@@ -161,7 +168,7 @@ func (t *Transport) Do(ctx context.Context, reqs []*script.Request, out []script
 	wire, cancel, detached := t.wire(ctx)
 	err := t.route(ctx, wire, detached, reqs, out)
 	if l := lateOf(err); l != nil {
-		l.then(cancel) // the call goes on under wire
+		l.Then(cancel) // the call goes on under wire
 	} else {
 		cancel()
 	}
@@ -176,10 +183,10 @@ func (t *Transport) route(ctx, wire context.Context, detached bool, reqs []*scri
 	}
 	srv, err := t.serverFor(leave, wire, reqs[0].Keys[0])
 	if err == nil {
-		if b := t.batcherOf(srv); b != nil {
+		if b := t.batcherOf(srv); b != nil && reqs[0].Kind == script.KindWindow {
 			err = b.decide(leave, wire, reqs, out)
 		} else {
-			err = t.exchange(leave, wire, srv, t.client, t.decider, reqs, out)
+			err = t.exchange(leave, wire, srv, t.client, t.scriptOf(reqs[0]), reqs, out)
 		}
 	}
 	if err == nil {
@@ -209,6 +216,17 @@ func (t *Transport) left(ctx, wire context.Context, srv *server, err error) erro
 	return gone
 }
 
+// scriptOf returns the script that carries r: nil for a delete.
+func (t *Transport) scriptOf(r *script.Request) *script.Script {
+	switch r.Kind {
+	case script.KindConcurrency:
+		return t.concurrency
+	case script.KindDelete:
+		return nil
+	}
+	return t.decider
+}
+
 // batcherOf returns the batcher of srv, or nil when its calls go alone.
 func (t *Transport) batcherOf(srv *server) *batcher {
 	if srv.batch == nil || srv.batch.cross && t.crossOff.Load() {
@@ -229,3 +247,9 @@ func (t *Transport) BreakerOpen() bool {
 	})
 	return open
 }
+
+// Drain waits until every goroutine t started has ended: batches in flight,
+// calls whose callers left and their late judges, slot-map loads, eviction
+// checks. It returns ctx's error if ctx is done first. t still sends what
+// it is given after: its caller stops giving.
+func (t *Transport) Drain(ctx context.Context) error { return t.work.Wait(ctx) }
