@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -336,7 +337,9 @@ func TestReleaseRedisDown(t *testing.T) {
 
 // Callers whose deadlines are shorter than a slow but healthy Redis's
 // answers (300 ms here) get their ctx's error, and the breaker counts
-// nothing of it: their patience says nothing of Redis.
+// nothing against Redis: their calls go on, and Redis answers them within
+// the Limiter's timeout (5 s). What those late acquires took is released
+// once they end.
 func TestAcquireShortDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.StartProxy(t, srv.Addr)
@@ -362,6 +365,10 @@ func TestAcquireShortDeadlines(t *testing.T) {
 		require.Greater(t, left, ratelimit.DefaultBreakerFailures, "enough callers left to open the breaker, were they counted")
 		proxy.Delay(0)
 		require.False(t, l.Stats().BreakerOpen, "client honours ctx: %v", aware)
+		ratelimit.Settle(l)
+		n, err := srv.Client(t).ZCard(context.Background(), t.Name()+":{u}:slots").Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "the late acquires' slots were released")
 		res, err := l.Allow(context.Background(), "u", ratelimit.PerMinute(10))
 		require.NoError(t, err)
 		require.False(t, res.Degraded)
@@ -428,4 +435,49 @@ func TestSlotKeep(t *testing.T) {
 	free, err := l.Acquire(ctx, "u", c)
 	require.NoError(t, err)
 	require.True(t, free.Acquired)
+}
+
+// The outage a short deadline used to hide: with Redis blackholed and
+// callers whose deadlines (50 ms) are shorter than the Limiter's timeout
+// (the default, 100 ms), each Acquire's call goes on and is judged by that
+// timeout, as a decision's is: the breaker opens after
+// DefaultBreakerFailures of them, the Acquires after that come from the
+// failure policy (FailOpen: acquired, Degraded) before their callers'
+// deadlines, and every failure reaches the error handler, late for the
+// callers who left.
+func TestAcquireShortDeadlinesOpenTheBreaker(t *testing.T) {
+	const (
+		deadline = 50 * time.Millisecond
+		calls    = 12
+	)
+	srv := redistest.Start(t)
+	for _, ctxAware := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxAware), func(t *testing.T) {
+			l, proxy, h, _ := proxiedLimiter(t, srv, ctxAware, ratelimit.PerMinute(10))
+			c := ratelimit.Concurrency{Max: 100, Lease: time.Minute}
+			proxy.Hang()
+			defer proxy.Resume()
+			left, degraded := 0, 0
+			for i := range calls {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				s, err := l.Acquire(ctx, "u", c)
+				cancel()
+				switch {
+				case errors.Is(err, context.DeadlineExceeded):
+					left++
+				case err == nil && s.Degraded && s.Acquired:
+					degraded++
+				default:
+					t.Fatalf("Acquire %d: %+v, %v", i, s, err)
+				}
+			}
+			require.True(t, l.Stats().BreakerOpen, "the outage opened the breaker")
+			require.GreaterOrEqual(t, left, ratelimit.DefaultBreakerFailures)
+			require.Positive(t, degraded, "Acquires after the breaker opened came from the policy")
+			// The calls whose callers left are judged at the Limiter's timeout.
+			require.Eventually(t, func() bool { return len(h.all()) == calls }, 10*time.Second, time.Millisecond,
+				"every failure was handled, late or not")
+			t.Logf("%d callers left, %d Acquires from the policy, %d errors handled", left, degraded, len(h.all()))
+		})
+	}
 }
