@@ -42,7 +42,7 @@ func (l *Limiter) Charge(ctx context.Context, id string, limits []Limit, n int64
 // deriveCharge), out through l.finish. A charge Redis does not count is an
 // error, whatever the failure policy.
 func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) error {
-	d.cost, d.charge = n, true
+	d.cost, d.kind = n, EventCharge
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
@@ -200,7 +200,7 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		return nil, fmt.Errorf("%w: the decision counted nothing to refund (denied, a look, degraded, or not this Limiter's)", ErrInvalidCost)
 	}
 	now := l.now().UnixMilli()
-	d := &decision{cost: -n, refund: true}
+	d := &decision{cost: -n, kind: EventRefund}
 	var keys []string
 	for i := range results {
 		r := results[i].receipt
@@ -262,7 +262,7 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 // as Refund: one script call, never resent, observed as a refund, and the
 // deny cache forgets id.
 func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
-	d := &decision{limits: limits, refund: true}
+	d := &decision{limits: limits, kind: EventGiveBack}
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}

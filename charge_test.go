@@ -284,9 +284,10 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 		require.NoError(t, l.Refund(ctx, "u", []ratelimit.Result{r}, 2))
 		_, err = l.Charge(ctx, "u", []ratelimit.Limit{minute}, 4)
 		require.NoError(t, err)
-		require.Equal(t, []ratelimit.EventKind{ratelimit.EventDecision, ratelimit.EventRefund, ratelimit.EventCharge}, calls.kinds)
-		require.Equal(t, []int64{3, 2, 4}, calls.costs)
-		require.Equal(t, []bool{false, true, true}, calls.call, "a charge and a refund go to ObserveCall")
+		require.NoError(t, l.GiveBack(ctx, "u", []ratelimit.Limit{minute}, 1))
+		require.Equal(t, []ratelimit.EventKind{ratelimit.EventDecision, ratelimit.EventRefund, ratelimit.EventCharge, ratelimit.EventGiveBack}, calls.kinds)
+		require.Equal(t, []int64{3, 2, 4, 1}, calls.costs)
+		require.Equal(t, []bool{false, true, true, true}, calls.call, "a charge, a refund and a give-back go to ObserveCall")
 
 		// An Observer that is no CallObserver, written to count decisions,
 		// sees only the decision.

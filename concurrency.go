@@ -83,7 +83,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, 
 	if err := l.checkConcurrency(id, c); err != nil {
 		return s, err
 	}
-	d := &decision{slot: &s, cost: 1}
+	d := &decision{slot: &s, cost: 1, kind: EventAcquire}
 	d.reqs = []*script.Request{l.concurrencyRequest(id, c, "a", newToken())}
 	d.replies = make([]script.Reply, 1)
 	d.undo = d.reqs[0].Concurrency.Token

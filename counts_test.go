@@ -105,7 +105,7 @@ func TestChargesPast2To53InOneCall(t *testing.T) {
 			sliding, strict := PerMinute(10), Limit{Rate: 10, Window: time.Hour, Strict: true}
 			limits := []Limit{sliding, strict}
 			charge := func(n int64) *script.Request {
-				d := &decision{cost: n, limits: limits, results: make([]Result, len(limits)), charge: true}
+				d := &decision{cost: n, limits: limits, results: make([]Result, len(limits)), kind: EventCharge}
 				return l.build(d, "u", clk.Now().UnixMilli())[0]
 			}
 			// 2^53 - 2 fits; 3 more would pass 2^53; 2 more fit; then 1 more

@@ -38,9 +38,10 @@ type decision struct {
 	// unsent has bit r set when reqs[r] is not sent: its limits are all
 	// Leased and decided from their leases (see takeLeases).
 	unsent uint32
-	// charge: a Charge, which counts whatever the counts; refund: a
-	// Refund's give-back (see charge.go).
-	charge, refund bool
+	// kind is what the decision is, as its Event says: EventCharge counts
+	// whatever the counts, EventRefund and EventGiveBack give back (see
+	// charge.go), EventAcquire takes a concurrency slot.
+	kind EventKind
 	// left: a copy of a decision whose caller left, for the Event of its
 	// call's failure (see reportLate).
 	left bool
@@ -90,9 +91,9 @@ func (o *one) decision(limit Limit) decision {
 	return decision{limits: o.limits[:], results: o.results[:], spans: o.spans[:], replies: o.replies[:]}
 }
 
-// wire is what a decision of one limit sends to Redis, in one allocation:
+// oneRequest is what a decision of one limit sends to Redis, in one allocation:
 // its request and what the call's arguments point to.
-type wire struct {
+type oneRequest struct {
 	req  script.Request
 	reqs [1]*script.Request
 	args [1]script.LimitArgs
@@ -467,7 +468,7 @@ func (l *Limiter) build(d *decision, id string, now int64) []*script.Request {
 		limit := d.limits[0]
 		pos := locate(now, limit)
 		d.spans[0] = span{rate: limit.Rate, shadow: limit.Shadow, pos: pos}
-		w := &wire{}
+		w := &oneRequest{}
 		w.args[0] = newLimitArgs(limit, pos)
 		w.req = script.Request{Cost: d.cost, Mode: l.countDenied, NLimits: 1, Limits: w.args[:]}
 		w.req.Keys = l.appendKeys(w.keys[:0], id, pos)
@@ -477,13 +478,13 @@ func (l *Limiter) build(d *decision, id string, now int64) []*script.Request {
 	}
 	spans := make([]span, len(d.limits))
 	enforced := &script.Request{Cost: d.cost, Mode: l.countDenied}
-	if d.charge {
+	if d.kind == EventCharge {
 		enforced.Mode = script.ModeCharge // every limit, Shadow ones too
 	}
 	reqs := []*script.Request{enforced}
 	for i, limit := range d.limits {
 		r, at := enforced, 0
-		if limit.Shadow && d.cost > 0 && !d.charge {
+		if limit.Shadow && d.cost > 0 && d.kind != EventCharge {
 			r, at = &script.Request{Cost: d.cost, Mode: l.countDenied}, len(reqs)
 			reqs = append(reqs, r)
 		}
@@ -588,12 +589,12 @@ func (d *decision) derive() {
 		}
 		d.results[s.at] = res
 	}
-	d.share()
+	d.apply()
 }
 
-// share gives every Result the one decision, d.allowed: an allowed
+// apply gives every Result the one decision, d.allowed: an allowed
 // request's enforced limits wait for nothing.
-func (d *decision) share() {
+func (d *decision) apply() {
 	for i := range d.results {
 		r := &d.results[i]
 		r.Allowed = d.allowed

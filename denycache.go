@@ -85,7 +85,7 @@ func (c *denyCache) record(id string, d *decision) {
 		if allowed {
 			seen[0] += s.want(d.reqs[s.req].Cost)
 		}
-		over := d.charge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
+		over := d.kind == EventCharge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
 			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed || over
 		})

@@ -36,7 +36,7 @@ import (
 type leaseTable struct {
 	l        *Limiter
 	mu       sync.Mutex
-	entries  map[leaseKey]*lease
+	entries  map[tableKey]*lease
 	max      int           // entries at most: maxLeases
 	pending  []pendingGive // give-backs for the sweeper to send
 	sweeps   int64         // the sweeps so far: the table's coarse clock
@@ -48,13 +48,6 @@ type leaseTable struct {
 
 	givenBack atomic.Int64 // units given back, Redis said so
 	lost      atomic.Int64 // units not given back: dropped, or their call failed
-}
-
-// leaseKey is an id and the length and kind of a limit's windows: the
-// count a lease is counted in.
-type leaseKey struct {
-	id      string
-	w, subs int64
 }
 
 // lease is what this process holds of one count.
@@ -107,7 +100,7 @@ const (
 )
 
 func newLeaseTable(l *Limiter) *leaseTable {
-	return &leaseTable{l: l, entries: make(map[leaseKey]*lease), max: maxLeases, quit: make(chan struct{})}
+	return &leaseTable{l: l, entries: make(map[tableKey]*lease), max: maxLeases, quit: make(chan struct{})}
 }
 
 // leaseCap returns the largest lease of a limit of rate.
@@ -158,7 +151,7 @@ func (t *leaseTable) serve(id string, asks []leaseAsk, n int64, look bool, grant
 	defer t.mu.Unlock()
 	for i := range asks {
 		a := &asks[i]
-		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
+		e := t.entries[tableKey{id, a.pos.w, a.pos.subs}]
 		if !e.current(a.pos, a.rate) || e.left < n {
 			return false
 		}
@@ -226,7 +219,7 @@ func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGra
 // entry returns the lease of id at p, a new one if there is none, making
 // room for it when the table is full. Called with t.mu held.
 func (t *leaseTable) entry(id string, p position) *lease {
-	k := leaseKey{id, p.w, p.subs}
+	k := tableKey{id, p.w, p.subs}
 	if e := t.entries[k]; e != nil {
 		return e
 	}
@@ -244,7 +237,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 
 // drop removes a lease from the table, and gives back what it holds.
 // Called with t.mu held.
-func (t *leaseTable) drop(k leaseKey, e *lease) {
+func (t *leaseTable) drop(k tableKey, e *lease) {
 	delete(t.entries, k)
 	if e.left > 0 && e.key != "" {
 		t.queue(pendingGive{k.id, position{w: k.w, subs: k.subs}, script.GiveBack(e.left, e.key)})
@@ -264,7 +257,7 @@ func (t *leaseTable) settle(id string, asks []leaseAsk, grants []leaseGrant, ans
 		if g.entry.reset {
 			continue // see lease.reset
 		}
-		e := t.entries[leaseKey{id, a.pos.w, a.pos.subs}]
+		e := t.entries[tableKey{id, a.pos.w, a.pos.subs}]
 		if g.local && r.allowed {
 			continue // decided here, and kept
 		}
@@ -352,7 +345,7 @@ func (t *leaseTable) drain(id string, at []position) []*script.Request {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range at {
-		k := leaseKey{id, p.w, p.subs}
+		k := tableKey{id, p.w, p.subs}
 		e := t.entries[k]
 		if e == nil {
 			continue
@@ -373,7 +366,7 @@ func (t *leaseTable) drain(id string, at []position) []*script.Request {
 func (t *leaseTable) forget(id string, p position, keys []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := leaseKey{id, p.w, p.subs}
+	k := tableKey{id, p.w, p.subs}
 	if e := t.entries[k]; e != nil {
 		e.reset = true
 		delete(t.entries, k)

@@ -32,7 +32,7 @@ func (l *Limiter) reportLate(ctx context.Context, d *decision, id string, start 
 	}
 	var copied *decision
 	if l.observer != nil && !d.quiet {
-		copied = &decision{limits: append([]Limit(nil), d.limits...), results: make([]Result, len(d.limits)), cost: d.cost, charge: d.charge, refund: d.refund, left: true}
+		copied = &decision{limits: append([]Limit(nil), d.limits...), results: make([]Result, len(d.limits)), cost: d.cost, kind: d.kind, left: true}
 		for i, limit := range d.limits {
 			copied.results[i].Limit = limit
 		}

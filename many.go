@@ -1,5 +1,5 @@
 // AllowMany: one request against the limits of several ids, all or nothing,
-// and its path (validate, build per slot, send, give back on a Cluster,
+// and its path (validate, build per hash slot, send, give back on a Cluster,
 // derive, finish).
 
 package ratelimit
@@ -38,14 +38,14 @@ type Quota struct {
 // Cost, and decides nothing.
 //
 // On a single Redis (or a Sentinel's master) the decision is one script
-// call and atomic. On a Redis Cluster, the quotas whose ids share a slot
+// call and atomic. On a Redis Cluster, the quotas whose ids share a hash slot
 // are decided together, atomically, in one call to their master; when the
-// ids are in several slots each slot's quotas are decided in a call of
-// their own, at once, and if some slot refuses, what the others counted is
+// ids are in several hash slots each one's quotas are decided in a call
+// of their own, at once, and if one refuses, what the others counted is
 // given back in the windows it was counted in. A limit is never exceeded
 // either way, and a refused request is counted nowhere once its give-backs
 // land; until then, a few ms, other requests of those ids see its cost.
-// Keep ids that must be decided atomically in one slot on a Cluster: ids
+// Keep ids that must be decided atomically in one hash slot on a Cluster: ids
 // of one Envoy domain or one tenant, say, put together in one id.
 //
 // AllowMany takes at most 16 quotas, two of one ID only if their windows
@@ -68,8 +68,8 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 }
 
 // decideMany makes d, a decision of d.quotas: the steps of decide, with a
-// request per slot (see buildMany) and on a Cluster the give-backs of the
-// slots that counted when another refused.
+// request per hash slot (see buildMany) and on a Cluster the give-backs of
+// the hash slots that counted when another refused.
 func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
 	d.results = make([]Result, len(d.quotas))
 	for i, q := range d.quotas {
@@ -132,42 +132,42 @@ func (l *Limiter) checkMany(quotas []Quota) error {
 }
 
 // buildMany places d's quotas on the clock at Unix ms now and makes their
-// requests: per slot (one slot for all but on a Cluster), one request of
-// the slot's enforced quotas and one for each Shadow quota. Each request
+// requests: per hash slot (one for all but on a Cluster), one request of
+// its enforced quotas and one for each Shadow quota. Each request
 // is of ModeLease, in which each limit counts its own need: a quota's
 // Cost, or for a Cost of 0 nothing, admitted while its usage is at most
 // its rate (asked as a need of 1 against a rate one higher); or, when
 // every quota has one cost of 1 or more, of ModeCount with that cost, a
 // shorter call. It returns
-// the requests of each slot, as indexes into d.reqs, the first slot's
+// the requests of each hash slot, as indexes into d.reqs, the first one's
 // first.
 func (l *Limiter) buildMany(d *decision, now int64) [][]int {
 	d.spans = make([]span, len(d.quotas))
 	cluster := l.t.Cluster()
 	var groups [][]int
-	slots := map[int]int{}    // slot -> index in groups
-	enforced := map[int]int{} // slot -> its enforced request, in d.reqs
+	groupOf := map[int]int{}  // hash slot -> index in groups
+	enforced := map[int]int{} // hash slot -> its enforced request, in d.reqs
 	for i, q := range d.quotas {
 		s := &d.spans[i]
 		*s = span{at: i, rate: q.Limit.Rate, shadow: q.Limit.Shadow, pos: locate(now, q.Limit)}
 		keys := l.appendKeys(nil, q.ID, s.pos)
-		slot := 0
+		hash := 0
 		if cluster {
-			slot = transport.Slot(keys[0])
+			hash = transport.HashSlot(keys[0])
 		}
-		g, ok := slots[slot]
+		g, ok := groupOf[hash]
 		if !ok {
 			g = len(groups)
-			slots[slot] = g
+			groupOf[hash] = g
 			groups = append(groups, nil)
 		}
-		r, ok := enforced[slot]
+		r, ok := enforced[hash]
 		if q.Limit.Shadow || !ok {
 			r = len(d.reqs)
 			d.reqs = append(d.reqs, &script.Request{Cost: 1, Mode: script.ModeLease})
 			groups[g] = append(groups[g], r)
 			if !q.Limit.Shadow {
-				enforced[slot] = r
+				enforced[hash] = r
 			}
 		}
 		req := d.reqs[r]
@@ -307,5 +307,5 @@ func (d *decision) deriveMany() {
 		}
 		d.results[s.at] = res
 	}
-	d.share()
+	d.apply()
 }

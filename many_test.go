@@ -292,9 +292,9 @@ func testAllowManyConcurrent(t *testing.T, e env) {
 
 // sameSlot returns an id whose keys are in the slot of id's, on a Cluster.
 func sameSlot(t *testing.T, id string) string {
-	want := transport.Slot("{" + id + "}")
+	want := transport.HashSlot("{" + id + "}")
 	for n := 0; n < 1_000_000; n++ {
-		if other := fmt.Sprint("other-", n); transport.Slot("{"+other+"}") == want {
+		if other := fmt.Sprint("other-", n); transport.HashSlot("{"+other+"}") == want {
 			return other
 		}
 	}

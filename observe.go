@@ -71,9 +71,10 @@ type Event struct {
 	// Err is the Redis error the failure policy decided on; nil when Redis
 	// decided. For a charge or a refund, the error it returned.
 	Err error
-	// Kind says whether the Event is of a decision, a Charge, a Refund or
-	// an Acquire (these three only for a CallObserver). A refund's Results
-	// are those it was given, and its Cost what it gave back.
+	// Kind says whether the Event is of a decision, a Charge, a Refund, an
+	// Acquire or a GiveBack (all but a decision only for a CallObserver). A
+	// refund's Results are those it was given, and its Cost what it gave
+	// back.
 	Kind EventKind
 	// Left (only for a CallObserver) reports that the caller's ctx was done
 	// before Redis answered:
@@ -105,9 +106,13 @@ const (
 	// says whether it acquired, Concurrency is the limit, Results are
 	// none.
 	EventAcquire
+	// EventGiveBack is of a GiveBack (for a CallObserver only), as a
+	// refund's: its Results hold the limits given back to, and its Cost
+	// what was given back.
+	EventGiveBack
 )
 
-// String returns "decision", "charge", "refund" or "acquire".
+// String returns "decision", "charge", "refund", "acquire" or "give-back".
 func (k EventKind) String() string {
 	switch k {
 	case EventDecision:
@@ -118,6 +123,8 @@ func (k EventKind) String() string {
 		return "refund"
 	case EventAcquire:
 		return "acquire"
+	case EventGiveBack:
+		return "give-back"
 	}
 	return "unknown"
 }
@@ -158,13 +165,12 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 	e := events.Get().(*Event)
 	e.results = append(e.results[:0], d.results...) // d may be on its caller's stack
 	*e = Event{Cost: d.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, results: e.results}
-	switch {
-	case d.charge:
-		e.Kind = EventCharge
-	case d.refund:
-		e.Kind, e.Cost = EventRefund, -d.cost
-	case d.slot != nil:
-		e.Kind, e.Concurrency = EventAcquire, d.slot.Concurrency
+	e.Kind = d.kind
+	switch d.kind {
+	case EventRefund, EventGiveBack:
+		e.Cost = -d.cost
+	case EventAcquire:
+		e.Concurrency = d.slot.Concurrency
 	}
 	e.Shadow, e.Left = l.shadow, d.left
 	for _, limit := range d.limits {

@@ -198,7 +198,10 @@ func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *scrip
 	now := time.Now().UnixMilli()
 	var reqs []*script.Request
 	for i := range int64(tc.batch) {
-		d := &decision{cost: 1, limits: tc.limits, charge: tc.charge}
+		d := &decision{cost: 1, limits: tc.limits}
+		if tc.charge {
+			d.kind = EventCharge
+		}
 		l.build(d, ids[(c*int64(tc.batch)+i)%int64(len(ids))], now)
 		if tc.refund {
 			d.reqs = []*script.Request{script.GiveBack(1, d.reqs[0].Keys[0])}

@@ -27,7 +27,8 @@ type tableShard struct {
 	max     int
 }
 
-// tableKey is an id and the length and kind of its limit's windows.
+// tableKey is an id and the length and kind of its limit's windows: one
+// count of the id, as the window table and the lease table key it.
 type tableKey struct {
 	id      string
 	w, subs int64

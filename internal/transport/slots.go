@@ -174,10 +174,10 @@ func (t *Transport) reload() {
 // different slots cannot be in one script call.
 func (t *Transport) Cluster() bool { return t.cluster != nil }
 
-// Slot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its hash
+// HashSlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
 // tag, the part between the first '{' and the first '}' after it when
 // that part is not empty, else of the whole key; modulo 16384.
-func Slot(key string) int {
+func HashSlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
 			key = key[i+1 : i+1+j]

@@ -203,7 +203,7 @@ func ctxDeadline(ctx context.Context) time.Time {
 
 // Slot agrees with the slots Redis's own documentation gives, and with its
 // hash tag rule: the first {…} that is not empty.
-func TestSlot(t *testing.T) {
+func TestHashSlot(t *testing.T) {
 	for _, tc := range []struct {
 		key  string
 		slot int
@@ -211,11 +211,11 @@ func TestSlot(t *testing.T) {
 		{"123456789", 12739}, // CRC16 XMODEM's check value 0x31C3, mod 16384
 		{"foo", 12182},
 		{"bar", 5061},
-		{"{user1000}.following", Slot("user1000")},
-		{"foo{}{bar}", Slot("foo{}{bar}")}, // empty first tag: the whole key
-		{"foo{{bar}}zap", Slot("{bar")},
-		{"foo{bar}{zap}", Slot("bar")},
+		{"{user1000}.following", HashSlot("user1000")},
+		{"foo{}{bar}", HashSlot("foo{}{bar}")}, // empty first tag: the whole key
+		{"foo{{bar}}zap", HashSlot("{bar")},
+		{"foo{bar}{zap}", HashSlot("bar")},
 	} {
-		require.Equal(t, tc.slot, Slot(tc.key), tc.key)
+		require.Equal(t, tc.slot, HashSlot(tc.key), tc.key)
 	}
 }
