@@ -68,16 +68,22 @@ func main() {
 	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	closed := make(chan struct{})
 	go func() {
+		defer close(closed)
 		<-ctx.Done()
 		shutdown, done := context.WithTimeout(context.Background(), 10*time.Second)
 		defer done()
-		_ = srv.Shutdown(shutdown)
+		_ = srv.Shutdown(shutdown) // the exports under way finish, and release their slots
+		if err := limiter.Close(shutdown); err != nil {
+			log.Printf("closing the limiter: %v", err)
+		}
 	}()
 	log.Printf("exports on %s: 2 at once and 10 a minute per user (X-User), counted in %s", *addr, where)
 	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
 	}
+	<-closed
 }
 
 // connect returns a client of the Redis at REDIS_ADDR, or of an embedded

@@ -128,6 +128,11 @@ func main() {
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		log.Printf("serve: %v", err)
 	}
+	// Once no handler runs: give back what leases hold, and wait for the
+	// Limiter's work in the background, before the Redis client closes.
+	if err := limiter.Close(shutdownCtx); err != nil {
+		log.Printf("closing the limiter: %v", err)
+	}
 }
 
 // hello answers with the caller's tier and, when Redis decided, what is left
