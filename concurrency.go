@@ -84,9 +84,8 @@ func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, 
 		return s, err
 	}
 	d := &decision{slot: &s, cost: 1, kind: EventAcquire}
-	d.reqs = []*script.Request{l.concurrencyRequest(id, c, "a", newToken())}
+	d.reqs = []*script.Request{concurrencyRequest(l.concurrencyKey(id, c.Name), "a", newToken(), c.Max, c.Lease)}
 	d.replies = make([]script.Reply, 1)
-	d.undo = d.reqs[0].Concurrency.Token
 	took, left, err := l.send(ctx, d, id, d.reqs, nil)
 	if left {
 		return s, err
@@ -110,10 +109,11 @@ func (l *Limiter) checkConcurrency(id string, c Concurrency) error {
 }
 
 // concurrencyRequest returns the request of op ("a" acquire, "r" release,
-// "e" extend) for token, on the slots of id under c.
-func (l *Limiter) concurrencyRequest(id string, c Concurrency, op, token string) *script.Request {
-	return &script.Request{Kind: script.KindConcurrency, NLimits: 1, Keys: []string{l.concurrencyKey(id, c.Name)},
-		Concurrency: &script.Concurrency{Op: op, Token: token, Max: c.Max, Lease: c.Lease.Milliseconds()}}
+// "e" extend) for token, on the slots at key: at most max held (an
+// acquire's), each for lease (an acquire's and an extend's).
+func concurrencyRequest(key, op, token string, max int64, lease time.Duration) *script.Request {
+	return &script.Request{Kind: script.KindConcurrency, NLimits: 1, Keys: []string{key},
+		Concurrency: &script.Concurrency{Op: op, Token: token, Max: max, Lease: lease.Milliseconds()}}
 }
 
 // deriveSlot fills d.slot, an Acquire's, from its reply: on the steps'
@@ -125,8 +125,17 @@ func (d *decision) deriveSlot(l *Limiter, id string) {
 	s.RetryAfter = time.Duration(r.Counts[1]) * time.Millisecond
 	s.Remaining = max(0, s.Concurrency.Max-s.InFlight)
 	if s.Acquired {
-		s.held = slotHeld{l: l, id: id, token: d.undo, redis: true}
+		s.held = d.holding(l, id)
+		s.held.redis = true
 	}
+}
+
+// holding returns what d, an Acquire of id, holds if it acquired: the
+// key, token and lease it acquired with, whatever becomes of the Slot's
+// exported Concurrency.
+func (d *decision) holding(l *Limiter, id string) slotHeld {
+	r := d.reqs[0]
+	return slotHeld{l: l, id: id, key: r.Keys[0], token: r.Concurrency.Token, lease: time.Duration(r.Concurrency.Lease) * time.Millisecond}
 }
 
 // release returns the request that releases what d, an Acquire, may have
@@ -139,14 +148,16 @@ func (d *decision) release() *script.Request {
 }
 
 // slotHeld is what Release and Extend need of an Acquired slot: its
-// Limiter, id and token; whether it is held in Redis or in this process
-// (FailLocal); and whether the acquire that failed may have taken it in
-// Redis all the same (maybe). A slot of shadow mode holds nothing.
+// Limiter and id, and the key, token and lease it was acquired with;
+// whether it is held in Redis or in this process (FailLocal); and whether
+// the acquire that failed may have taken it in Redis all the same (maybe).
+// A slot of shadow mode holds nothing.
 type slotHeld struct {
-	l            *Limiter
-	id, token    string
-	redis, local bool
-	maybe        bool
+	l              *Limiter
+	id, key, token string
+	lease          time.Duration
+	redis, local   bool
+	maybe          bool
 }
 
 // Release gives the slot back. A second Release, or one after the lease
@@ -160,13 +171,13 @@ func (s Slot) Release(ctx context.Context) error {
 		return ErrInvalidSlot
 	}
 	l := h.l
-	if h.local && l.local.release(l.concurrencyKey(h.id, s.Concurrency.Name), h.token) {
+	if h.local && l.local.release(h.key, h.token) {
 		l.slotsReleased.Add(1)
 	}
 	if !h.redis && !h.maybe {
 		return nil
 	}
-	r, err := l.slotCall(ctx, h.id, s.Concurrency, "r", h.token, h.redis)
+	r, err := l.slotCall(ctx, h, "r")
 	if err != nil {
 		if !h.redis { // what a failed acquire may have taken: best effort
 			return nil
@@ -193,14 +204,14 @@ func (s Slot) Extend(ctx context.Context) error {
 	l := h.l
 	switch {
 	case h.local:
-		if !l.local.extend(l.concurrencyKey(h.id, s.Concurrency.Name), h.token, s.Concurrency.Lease, l.now()) {
+		if !l.local.extend(h.key, h.token, h.lease, l.now()) {
 			return ErrLeaseEnded
 		}
 		return nil
 	case !h.redis:
 		return nil
 	}
-	r, err := l.slotCall(ctx, h.id, s.Concurrency, "e", h.token, true)
+	r, err := l.slotCall(ctx, h, "e")
 	if err != nil {
 		return wrap("ratelimit: extend", err)
 	}
@@ -210,16 +221,18 @@ func (s Slot) Extend(ctx context.Context) error {
 	return nil
 }
 
-// slotCall sends op for token, a held slot's, through the steps every call
-// takes; with report, a failure goes to the error handler, now or, when
-// the caller left, when it comes.
-func (l *Limiter) slotCall(ctx context.Context, id string, c Concurrency, op, token string, report bool) (script.Reply, error) {
+// slotCall sends op for h, a held slot, through the steps every call
+// takes. A failure goes to the error handler, now or, when the caller
+// left, when it comes; but for a release of what a failed acquire may
+// have taken (h not held in Redis), which is best effort.
+func (l *Limiter) slotCall(ctx context.Context, h slotHeld, op string) (script.Reply, error) {
+	report := h.redis || op != "r"
 	d := &decision{quiet: true, unreported: !report}
-	d.reqs = []*script.Request{l.concurrencyRequest(id, c, op, token)}
+	d.reqs = []*script.Request{concurrencyRequest(h.key, op, h.token, 0, h.lease)}
 	d.replies = make([]script.Reply, 1)
-	_, left, err := l.send(ctx, d, id, d.reqs, nil)
+	_, left, err := l.send(ctx, d, h.id, d.reqs, nil)
 	if err != nil && !left && report {
-		l.onError(ctx, id, err)
+		l.onError(ctx, h.id, err)
 	}
 	return d.replies[0], err
 }
@@ -268,7 +281,7 @@ type keeping struct {
 
 // start starts extending s every half lease.
 func (ks *keeps) start(ctx context.Context, s Slot) *keeping {
-	k := &keeping{s: s, ctx: ctx, every: max(s.Concurrency.Lease/2, time.Millisecond/2)}
+	k := &keeping{s: s, ctx: ctx, every: max(s.held.lease/2, time.Millisecond/2)}
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	if ks.closed {

@@ -49,10 +49,8 @@ type decision struct {
 	// cost (see many.go); nil for the others.
 	quotas []Quota
 	// slot is an Acquire's outcome (see concurrency.go), which the steps
-	// fill as they fill results; undo the token its request may take in
-	// Redis, given back if its caller leaves before the reply.
+	// fill as they fill results.
 	slot *Slot
-	undo string
 	// quiet: a Release's, an Extend's or a Reset's, which no Event shows;
 	// unreported: whose failure, even late, goes to no error handler.
 	quiet, unreported bool
@@ -419,7 +417,7 @@ func (l *Limiter) send(ctx context.Context, d *decision, id string, reqs, gives 
 // long the call took, for the Observer (0 without one, or when an open
 // breaker made no call), and the call's error. When the caller left before
 // Redis answered, there is no decision: the call's failure, if it fails, is
-// reported when it comes (see reportLate), what d.undo names is given back
+// reported when it comes (see reportLate), what an Acquire may take is given back
 // once the call ends, and call returns left true and ctx's error once ctx
 // is done.
 func (l *Limiter) call(ctx context.Context, d *decision, id string, reqs []*script.Request, out []script.Reply) (took time.Duration, left bool, err error) {

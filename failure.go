@@ -34,10 +34,10 @@ func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Du
 	if s := d.slot; s != nil {
 		s.Degraded, s.Acquired = true, d.allowed
 		if !d.allowed { // the script may have run: what it may have taken goes back
-			undo := d.release()
-			l.background(id, undo, "")
+			l.background(id, d.release(), "")
 		} else if l.policy == FailOpen {
-			s.held = slotHeld{l: l, id: id, token: d.undo, maybe: true}
+			s.held = d.holding(l, id)
+			s.held.maybe = true
 		}
 	}
 	for i := range d.results {

@@ -16,14 +16,14 @@ import (
 // the error handler and a CallObserver when it comes, as an Event with Left
 // set: d is its caller's, and gone only by then, so that what the report
 // needs is copied now. start is when the call was sent, if an Observer
-// wants its Duration. An Acquire's token (d.undo) is released once the
+// wants its Duration. What an Acquire may take is released once the
 // call ends, whether it took a slot or not.
 func (l *Limiter) reportLate(ctx context.Context, d *decision, id string, start time.Time, gone *transport.CallerLeft) {
 	if gone.Late == nil { // nothing was sent
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	if d.undo != "" {
+	if d.slot != nil {
 		undo := d.release()
 		gone.Late.Then(func() { l.background(id, undo, "") })
 	}

@@ -160,7 +160,8 @@ func (w *localWindows) decideMany(d *decision) {
 func (w *localWindows) acquire(l *Limiter, id string, d *decision) {
 	s := d.slot
 	c := s.Concurrency
-	k := tableKey{id: w.key(l.concurrencyKey(id, c.Name))} // no window's: w and subs 0
+	held := d.holding(l, id)
+	k := tableKey{id: w.key(held.key)} // no window's: w and subs 0
 	now := l.now()
 	shard := w.table.lock(k.id)
 	defer shard.mu.Unlock()
@@ -181,10 +182,11 @@ func (w *localWindows) acquire(l *Limiter, id string, d *decision) {
 	if e.slots == nil {
 		e.slots = map[string]time.Time{}
 	}
-	e.slots[d.undo] = now.Add(c.Lease)
+	e.slots[held.token] = now.Add(c.Lease)
 	shard.put(k, e)
 	s.InFlight++
-	s.held = slotHeld{l: l, id: id, token: d.undo, local: true, maybe: true}
+	held.local, held.maybe = true, true
+	s.held = held
 }
 
 // release gives token's slot of the concurrency limit keyed key back, and
