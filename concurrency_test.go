@@ -481,3 +481,22 @@ func TestAcquireShortDeadlinesOpenTheBreaker(t *testing.T) {
 		})
 	}
 }
+
+// A Slot's Release and Extend use what it was acquired with: a Concurrency
+// changed on the Slot since names neither another key nor another lease.
+func TestSlotKeepsWhatItAcquired(t *testing.T) {
+	e := miniredisEnv(t)
+	l := e.limiter()
+	ctx := context.Background()
+	s, err := l.Acquire(ctx, "u", ratelimit.Concurrency{Max: 1, Lease: time.Hour, Name: "export"})
+	require.NoError(t, err)
+	require.True(t, s.Acquired)
+	s.Concurrency = ratelimit.Concurrency{Max: 9, Lease: time.Millisecond, Name: "other"}
+	require.NoError(t, s.Extend(ctx))
+	key := e.prefix + ":{u}:slots:export"
+	ttl, err := e.client.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 59*time.Minute, "extended by the lease it was acquired with")
+	require.NoError(t, s.Release(ctx))
+	require.Empty(t, e.keys(t), "released from the key it was acquired at")
+}
