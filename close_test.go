@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
@@ -256,4 +258,68 @@ func TestCloseWaitsForCalls(t *testing.T) {
 	}
 	_, err = l.Allow(ctx, "u", ratelimit.PerMinute(10))
 	require.True(t, errors.Is(err, ratelimit.ErrClosed))
+}
+
+// A rolling deploy of real processes: each decides a leased daily limit,
+// closes its Limiter and exits; Redis then holds exactly what they
+// admitted. A process that exits without Close leaves its lease counted.
+func TestRollingDeployProcesses(t *testing.T) {
+	if addr := os.Getenv("RATELIMIT_ROLLING_POD"); addr != "" {
+		rollingPod(addr, os.Getenv("RATELIMIT_ROLLING_CLOSE") == "1")
+		return
+	}
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	pod := func(close bool) int64 {
+		t.Helper()
+		child := exec.Command(os.Args[0], "-test.run", "^TestRollingDeployProcesses$")
+		child.Env = append(os.Environ(), "RATELIMIT_ROLLING_POD="+srv.Addr, fmt.Sprintf("RATELIMIT_ROLLING_CLOSE=%d", map[bool]int{true: 1}[close]))
+		out, err := child.Output()
+		require.NoError(t, err, "%s", out)
+		var admitted int64
+		_, err = fmt.Sscanf(string(out), "admitted %d", &admitted)
+		require.NoError(t, err, "%s", out)
+		return admitted
+	}
+	count := func() int64 {
+		keys, err := client.Keys(ctx, "rolling:*").Result()
+		require.NoError(t, err)
+		total := int64(0)
+		for _, k := range keys {
+			n, err := client.Get(ctx, k).Int64()
+			require.NoError(t, err)
+			total += n
+		}
+		return total
+	}
+	admitted := pod(true) + pod(true)
+	t.Logf("two pods closed: admitted %d, counted in Redis %d", admitted, count())
+	require.Equal(t, admitted, count(), "what closed pods admitted, exactly")
+	admitted += pod(false)
+	t.Logf("a third pod exited without Close: admitted %d, counted in Redis %d", admitted, count())
+	require.Greater(t, count(), admitted, "a pod that exits without Close leaves its lease counted")
+}
+
+// rollingPod is a child of TestRollingDeployProcesses: it decides a leased
+// limit of 10,000 a day (leases of up to 500) 300 times, closes its
+// Limiter if told to, and says how many it admitted.
+func rollingPod(addr string, close bool) {
+	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: addr}), ratelimit.WithPrefix("rolling"), ratelimit.WithTimeout(time.Minute))
+	limit := ratelimit.PerDay(10_000)
+	limit.Leased = true
+	admitted := 0
+	for range 300 {
+		if res, err := l.Allow(context.Background(), "tenant", limit); err == nil && res.Allowed {
+			admitted++
+		}
+	}
+	if close {
+		if err := l.Close(context.Background()); err != nil {
+			fmt.Println("close:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Printf("admitted %d\n", admitted)
+	os.Exit(0)
 }

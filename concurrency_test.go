@@ -458,9 +458,12 @@ func TestAcquireShortDeadlinesOpenTheBreaker(t *testing.T) {
 			proxy.Hang()
 			defer proxy.Resume()
 			left, degraded := 0, 0
+			var waited time.Duration
 			for i := range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				begin := time.Now()
 				s, err := l.Acquire(ctx, "u", c)
+				waited += time.Since(begin)
 				cancel()
 				switch {
 				case errors.Is(err, context.DeadlineExceeded):
@@ -477,7 +480,8 @@ func TestAcquireShortDeadlinesOpenTheBreaker(t *testing.T) {
 			// The calls whose callers left are judged at the Limiter's timeout.
 			require.Eventually(t, func() bool { return len(h.all()) == calls }, 10*time.Second, time.Millisecond,
 				"every failure was handled, late or not")
-			t.Logf("%d callers left, %d Acquires from the policy, %d errors handled", left, degraded, len(h.all()))
+			t.Logf("%d Acquires waited %v in all: %d callers left, %d from the policy; %d errors handled; breaker open: %v",
+				calls, waited.Round(time.Millisecond), left, degraded, len(h.all()), l.Stats().BreakerOpen)
 		})
 	}
 }
