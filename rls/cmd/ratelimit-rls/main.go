@@ -220,6 +220,11 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	case <-shutdown.Done():
 		g.Stop()
 	}
+	// No call runs now: give back what leases hold, and end the
+	// Limiter's work in the background.
+	if err := limiter.Close(shutdown); err != nil {
+		log.Warn("ratelimit-rls: closing the limiter", "error", err)
+	}
 	return nil
 }
 
