@@ -69,6 +69,7 @@ func run() error {
 	defer func() {
 		srv.GracefulStop()
 		<-served
+		_ = limiter.Close(context.Background()) // after the server: no call runs
 	}()
 	fmt.Printf("gRPC server on %s, limit %v per client address\n\n", lis.Addr(), limit)
 

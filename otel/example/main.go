@@ -105,6 +105,9 @@ func main() {
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		log.Printf("serve: %v", err)
 	}
+	if err := limiter.Close(shutdownCtx); err != nil { // after the server: no call runs
+		log.Printf("closing the limiter: %v", err)
+	}
 }
 
 // connect returns a client of the Redis at REDIS_ADDR, or of an embedded
