@@ -62,54 +62,26 @@ func PolicyName(limit ratelimit.Limit) string { return httplimit.PolicyName(limi
 // httplimit.
 func ResetSeconds(res ratelimit.Result) int64 { return httplimit.ResetSeconds(res) }
 
-// policy is a limit with what the headers say about it, worked out once.
-type policy struct {
-	limit  ratelimit.Limit
-	quoted string // its name, as PolicyName sends it
-	header string // its HeaderPolicy value
-}
-
-func newPolicy(limit ratelimit.Limit) policy {
-	q := PolicyName(limit)
-	// The window in whole seconds, rounded up, as httplimit's
-	// RateLimit-Policy writes it.
-	w := limit.Window / time.Second
-	if limit.Window%time.Second != 0 {
-		w++ // not by adding a second less a ns, which wraps near math.MaxInt64
+// headerMD returns the response header metadata of a decision against pl
+// whose Results are results and binding Result bind; nil when the metadata
+// shows nothing of it (httplimit.Plan.Shown). A Degraded decision says
+// nothing true about counts, so it gets only HeaderLimit and HeaderPolicy;
+// a denial that can never pass gets nothing that names a time to retry at.
+func headerMD(pl *httplimit.Plan, results []ratelimit.Result, bind ratelimit.Result) metadata.MD {
+	if !pl.Shown(results) {
+		return nil
 	}
-	return policy{
-		limit:  limit,
-		quoted: q,
-		header: q + ";q=" + strconv.FormatInt(limit.Rate, 10) + ";w=" + strconv.FormatInt(int64(w), 10),
-	}
-}
-
-// headerMD returns the response header metadata of a decision: bind is the
-// binding Result, results those of set's enforced limits. A Degraded
-// decision says nothing true about counts, so it gets only HeaderLimit and
-// HeaderPolicy; a denial that can never pass gets nothing that names a time
-// to retry at.
-func headerMD(set *policySet, results []ratelimit.Result, bind ratelimit.Result) metadata.MD {
 	md := metadata.MD{
 		HeaderLimit:  {strconv.FormatInt(bind.Limit.Rate, 10)},
-		HeaderPolicy: set.policyValues,
+		HeaderPolicy: pl.Policies(),
 	}
 	if bind.Degraded {
 		return md
 	}
 	md[HeaderRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
-	never := !bind.Allowed && bind.RetryAfter == ratelimit.InfDuration // no wait makes it pass: no reset to name
-	values := make([]string, 0, len(set.enforced))
-	for _, i := range set.enforced {
-		v := set.policies[i].quoted + ";r=" + strconv.FormatInt(results[i].Remaining, 10)
-		if !never {
-			v += ";t=" + strconv.FormatInt(ResetSeconds(results[i]), 10)
-		}
-		values = append(values, v)
-	}
-	md[HeaderRateLimit] = values
-	if never {
-		return md
+	md[HeaderRateLimit] = pl.RateLimits(results)
+	if !bind.Allowed && bind.RetryAfter == ratelimit.InfDuration {
+		return md // no wait makes it pass: no reset to name
 	}
 	reset := strconv.FormatInt(ResetSeconds(bind), 10)
 	md[HeaderReset] = []string{reset}

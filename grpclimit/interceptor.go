@@ -89,6 +89,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -355,108 +356,60 @@ func logMisconfigured(err error) {
 	slog.Error("grpclimit: the interceptor is misconfigured; it answers every call with codes.Internal", "error", err)
 }
 
-// policySet is the limits one kind of call is decided against, with what
-// the headers say about them.
-type policySet struct {
-	limits   []ratelimit.Limit
-	policies []policy
-	// enforced are the indexes of the limits that can deny: all but Shadow
-	// ones. The headers are theirs, as is the binding Result
-	// (ratelimit.Binding passes over Shadow limits); a set of Shadow limits
-	// only sends no header at all.
-	enforced     []int
-	policyValues []string // HeaderPolicy, for the enforced limits
-	route        string   // "" for the default limit; else "<method>|"
-}
-
-func newPolicySet(route string, limits []ratelimit.Limit) *policySet {
-	s := &policySet{limits: limits, route: route}
-	for i, limit := range limits {
-		s.policies = append(s.policies, newPolicy(limit))
-		if !limit.Shadow {
-			s.enforced = append(s.enforced, i)
-		}
-	}
-	for _, i := range s.enforced {
-		s.policyValues = append(s.policyValues, s.policies[i].header)
-	}
-	return s
-}
-
-// check reports what makes the set unusable as a plan, as httplimit checks
-// one: a zero Limit, what ratelimit.ValidateLimits rejects (no limit, more
-// than 16, an invalid limit, two that would share one count), and two
-// limits of the same name, which the metadata could not tell apart. where
-// names the option or function the plan came from; the error wraps
-// ratelimit.ErrInvalidLimit.
-func (s *policySet) check(where string) error {
-	for i, limit := range s.limits {
-		if limit == (ratelimit.Limit{}) {
-			return fmt.Errorf("grpclimit: %s: %w: limit number %d is the zero Limit; "+
-				"a plan lists every limit it holds, the one given to the interceptor included", where, ratelimit.ErrInvalidLimit, i+1)
-		}
-	}
-	if err := ratelimit.ValidateLimits(s.limits); err != nil {
-		return fmt.Errorf("grpclimit: %s: %w", where, err)
-	}
-	for i, p := range s.policies {
-		for _, q := range s.policies[:i] {
-			if q.quoted == p.quoted {
-				return fmt.Errorf("grpclimit: %s: %w: two limits are named %s (%v and %v); the metadata could not tell them apart",
-					where, ratelimit.ErrInvalidLimit, p.quoted, q.limit, p.limit)
-			}
-		}
-	}
-	return nil
-}
-
-// checkDefault reports what makes the default plan (the limit given to fn,
-// NewUnary or NewStream, and WithLimits') unusable, naming the argument at
-// fault, as httplimit's New does.
-func checkDefault(fn string, s *policySet) error {
-	for i, limit := range s.limits {
-		where := fn + "'s limit"
-		if i > 0 {
-			where = fmt.Sprintf("WithLimits' limit number %d", i)
-		}
-		if limit == (ratelimit.Limit{}) {
-			return fmt.Errorf("grpclimit: %s: %w: it is the zero Limit", where, ratelimit.ErrInvalidLimit)
-		}
-		if err := limit.Validate(); err != nil {
-			return fmt.Errorf("grpclimit: %s: %w", where, err)
-		}
-	}
-	if len(s.limits) == 1 {
-		return s.check(fn)
-	}
-	return s.check(fn + " with WithLimits")
-}
-
 type interceptor struct {
 	cfg     config
 	limiter *ratelimit.Limiter
-	base    *policySet            // the default plan: the limit given to the interceptor and WithLimits'
-	methods map[string]*policySet // WithMethodLimits
+	base    *httplimit.Plan            // the default plan: the limit given to the interceptor and WithLimits'
+	methods map[string]*httplimit.Plan // WithMethodLimits
 }
 
-// planFor returns the plan a call is decided against: its method's
-// (WithMethodLimits), or the one WithPlanFunc returns for it, checked as
-// the default one is, or the default plan when there is no plan function or
+// planFor returns the plan a call is decided against, and whether it is
+// counted apart: its method's (WithMethodLimits), counted apart under
+// "<method>|<identity>", or the one WithPlanFunc returns for it, checked by
+// httplimit.NewPlan, or the default plan when there is no plan function or
 // it returns no limit: an empty plan is never "not limited" (that is
-// WithSkip), in grpclimit as in httplimit.
-func (in *interceptor) planFor(ctx context.Context, fullMethod string) (*policySet, error) {
-	if s, ok := in.methods[fullMethod]; ok {
-		return s, nil
+// WithSkip), in grpclimit as in httplimit. For a plan NewPlan rejects, it
+// returns what AllowAll returns with an error, one Result per limit, zero
+// but for its Limit, and the error.
+func (in *interceptor) planFor(ctx context.Context, fullMethod string) (*httplimit.Plan, bool, []ratelimit.Result, error) {
+	if pl, ok := in.methods[fullMethod]; ok {
+		return pl, true, nil, nil
 	}
 	if in.cfg.plan == nil {
-		return in.base, nil
+		return in.base, false, nil, nil
 	}
 	limits := in.cfg.plan(ctx, fullMethod)
 	if len(limits) == 0 {
-		return in.base, nil
+		return in.base, false, nil, nil
 	}
-	s := newPolicySet("", append([]ratelimit.Limit(nil), limits...))
-	return s, s.check("WithPlanFunc's plan")
+	pl, err := httplimit.NewPlan(limits...)
+	if err != nil {
+		results := make([]ratelimit.Result, len(limits))
+		for i, limit := range limits {
+			results[i].Limit = limit
+		}
+		return nil, false, results, fmt.Errorf("grpclimit: WithPlanFunc's plan: %w", err)
+	}
+	return pl, false, nil, nil
+}
+
+// defaultPlan returns the default plan, the limit given to fn (NewUnary or
+// NewStream) followed by WithLimits' extra, or the error naming the
+// argument at fault, as httplimit's New does: a limit invalid alone, else
+// the plan they make together.
+func defaultPlan(fn string, limit ratelimit.Limit, extra []ratelimit.Limit) (*httplimit.Plan, error) {
+	where := fn + "'s limit"
+	for i, l := range append([]ratelimit.Limit{limit}, extra...) {
+		if _, err := httplimit.NewPlan(l); err != nil {
+			return nil, fmt.Errorf("grpclimit: %s: %w", where, err)
+		}
+		where = fmt.Sprintf("WithLimits' limit number %d", i+1)
+	}
+	pl, err := httplimit.NewPlan(append([]ratelimit.Limit{limit}, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("grpclimit: %s with WithLimits: %w", fn, err)
+	}
+	return pl, nil
 }
 
 // newInterceptor builds the interceptor of NewUnary or NewStream, which
@@ -471,13 +424,13 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("grpclimit: the Limiter is nil"))
 	}
-	base := newPolicySet("", append([]ratelimit.Limit{limit}, cfg.extra...))
-	if err := checkDefault(fn, base); err != nil {
+	base, err := defaultPlan(fn, limit, cfg.extra)
+	if err != nil {
 		cfg.errs = append(cfg.errs, err)
 	}
 	if cfg.slots != nil {
 		name := PolicyName(ratelimit.Limit{Name: slotName(*cfg.slots)})
-		for _, l := range base.limits {
+		for _, l := range append([]ratelimit.Limit{limit}, cfg.extra...) {
 			if PolicyName(l) == name {
 				cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: WithConcurrency's limit and the plan's %v are both named %s: the metadata could not tell them apart", l, name))
 			}
@@ -486,14 +439,7 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
-	in := &interceptor{cfg: cfg, limiter: l, base: base}
-	if len(cfg.methods) > 0 {
-		in.methods = make(map[string]*policySet, len(cfg.methods))
-		for name, limits := range cfg.methods {
-			in.methods[name] = newPolicySet(name+"|", limits)
-		}
-	}
-	return in, nil
+	return &interceptor{cfg: cfg, limiter: l, base: base, methods: cfg.methods}, nil
 }
 
 // decide decides one call and returns its context, carrying the decision
@@ -514,44 +460,41 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 			}
 		}
 	}
-	set, err := in.planFor(ctx, fullMethod)
-	var results []ratelimit.Result
+	pl, apart, results, err := in.planFor(ctx, fullMethod)
 	var id string
+	var limits []ratelimit.Limit
 	cost := int64(1)
 	if err == nil {
-		id = set.route + c.identity(ctx, fullMethod)
+		id = c.identity(ctx, fullMethod)
+		if apart {
+			id = fullMethod + "|" + id
+		}
 		if c.cost != nil {
 			cost = c.cost(ctx, fullMethod)
 		}
-		results, err = in.limiter.AllowAll(ctx, id, set.limits, cost)
-	} else {
-		results = make([]ratelimit.Result, len(set.limits))
-		for i, limit := range set.limits {
-			results[i].Limit = limit
-		}
+		limits = pl.Limits()
+		results, err = in.limiter.AllowAll(ctx, id, limits, cost)
 	}
 	d := &decided{results: results, binding: ratelimit.Binding(results), cost: cost}
 	if err == nil {
-		d.limiter, d.id, d.limits = in.limiter, id, set.limits
+		d.limiter, d.id, d.limits = in.limiter, id, limits
 	}
 	ctx = context.WithValue(ctx, decidedKey{}, d)
 	if err != nil {
 		var md metadata.MD
-		if len(set.enforced) > 0 && len(results) > 0 && results[0].Degraded {
-			md = headerMD(set, results, d.binding)
+		if d.binding.Degraded { // a refused plan (pl nil) decided nothing
+			md = headerMD(pl, results, d.binding)
 		}
 		return ctx, md, nil, in.errorStatus(ctx, fullMethod, err)
 	}
 	if c.onShadow != nil {
 		in.reportShadowed(ctx, fullMethod, d)
 	}
+	md := headerMD(pl, results, d.binding)
 	if !d.binding.Allowed {
-		return ctx, headerMD(set, results, d.binding), nil, in.deniedStatus(ctx, fullMethod, d.binding)
+		return ctx, md, nil, in.deniedStatus(ctx, fullMethod, d.binding)
 	}
-	if len(set.enforced) == 0 || shadowedThrough(set, results) {
-		return ctx, nil, d, nil
-	}
-	return ctx, headerMD(set, results, d.binding), d, nil
+	return ctx, md, d, nil
 }
 
 // reportShadowed calls the shadow handler for each denial shadow mode let
@@ -579,18 +522,6 @@ func (in *interceptor) deniedStatus(ctx context.Context, fullMethod string, bind
 		}
 	}
 	return denied(bind)
-}
-
-// shadowedThrough reports a decision that ratelimit.WithShadow let
-// through: an enforced limit would have denied it. Its counts describe a
-// denial the client never got, so it sends no header, as in httplimit.
-func shadowedThrough(set *policySet, results []ratelimit.Result) bool {
-	for _, i := range set.enforced {
-		if results[i].Shadowed {
-			return true
-		}
-	}
-	return false
 }
 
 // denied returns the status of a denied call: ResourceExhausted, with a

@@ -438,6 +438,9 @@ func TestBadConfig(t *testing.T) {
 		{"shared count", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {valid, ratelimit.PerSecond(5)}})}, "would share one count"},
 		{"too many limits", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": make([]ratelimit.Limit, 17)})}, "/test.Echo/A: ratelimit: invalid limit: 17 limits, more than 16"},
 		{"zero limit", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {valid, {}}})}, "/test.Echo/A: ratelimit: invalid limit: rate 0 is below 1"},
+		{"same name", l, valid, []grpclimit.Option{grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {
+			{Name: "p", Rate: 1, Window: time.Second}, {Name: "p", Rate: 10, Window: time.Minute}}})},
+			`/test.Echo/A: ratelimit: invalid limit: two limits are named "p"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

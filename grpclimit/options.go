@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/httplimit"
 )
 
 // Option configures an interceptor; pass options to UnaryServerInterceptor,
@@ -46,7 +47,7 @@ type config struct {
 	v6Bits   int               // 0: 64
 	extra    []ratelimit.Limit // WithLimits
 	plan     func(ctx context.Context, fullMethod string) []ratelimit.Limit
-	methods  map[string][]ratelimit.Limit
+	methods  map[string]*httplimit.Plan // WithMethodLimits
 	cost     func(ctx context.Context, fullMethod string) int64
 	countIf  func(ctx context.Context, fullMethod string, code codes.Code) bool
 	skip     func(ctx context.Context, fullMethod string) bool
@@ -310,15 +311,16 @@ func WithIPv6Prefix(bits int) Option {
 // plan, all of them sharing one count per identity.
 //
 // m is copied. A name that is not "/service/method", a method mapped to no
-// limits (nil or empty), or limits that ratelimit.ValidateLimits rejects
+// limits (nil or empty), limits that ratelimit.ValidateLimits rejects
 // (more than 16, an invalid or zero Limit, two of the same Window and
-// Strict, which would share one count), is a configuration error naming
-// WithMethodLimits and the method. An empty plan is never "not limited",
+// Strict, which would share one count), or two limits of one name, which
+// the metadata could not tell apart (httplimit.NewPlan's rule for every
+// plan), is a configuration error naming WithMethodLimits and the method. An empty plan is never "not limited",
 // here as in WithPlanFunc and httplimit: a method to let through uncounted
 // belongs in WithSkip.
 // WithMethodLimits given twice keeps the last m.
 func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
-	methods := make(map[string][]ratelimit.Limit, len(m))
+	methods := make(map[string]*httplimit.Plan, len(m))
 	var errs []error
 	names := make([]string, 0, len(m))
 	for name := range m {
@@ -326,12 +328,12 @@ func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
 	}
 	sort.Strings(names) // errors in a stable order
 	for _, name := range names {
-		limits := m[name]
-		if err := checkMethodLimits(name, limits); err != nil {
+		pl, err := methodPlan(name, m[name])
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		methods[name] = append([]ratelimit.Limit(nil), limits...)
+		methods[name] = pl
 	}
 	return optionFunc(func(c *config) {
 		if len(errs) > 0 {
@@ -342,21 +344,27 @@ func WithMethodLimits(m map[string][]ratelimit.Limit) Option {
 	})
 }
 
-// checkMethodLimits reports what is wrong with one entry of
-// WithMethodLimits, naming the method.
-func checkMethodLimits(name string, limits []ratelimit.Limit) error {
+// methodPlan returns the plan of one entry of WithMethodLimits, or what is
+// wrong with it, naming the method.
+func methodPlan(name string, limits []ratelimit.Limit) (*httplimit.Plan, error) {
 	service, method, ok := strings.Cut(strings.TrimPrefix(name, "/"), "/")
 	if !strings.HasPrefix(name, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
-		return fmt.Errorf("grpclimit: WithMethodLimits: %q is not a full method name (/pkg.Service/Method)", name)
+		return nil, fmt.Errorf("grpclimit: WithMethodLimits: %q is not a full method name (/pkg.Service/Method)", name)
 	}
 	if len(limits) == 0 {
-		return fmt.Errorf("grpclimit: WithMethodLimits: %s is mapped to no limits; "+
+		return nil, fmt.Errorf("grpclimit: WithMethodLimits: %s is mapped to no limits; "+
 			"an empty plan is never \"not limited\": to let its calls through uncounted, use WithSkip", name)
 	}
+	// ValidateLimits first: this option has always named a zero Limit by
+	// ValidateLimits' words for it ("rate 0 is below 1").
 	if err := ratelimit.ValidateLimits(limits); err != nil {
-		return fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
+		return nil, fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
 	}
-	return nil
+	pl, err := httplimit.NewPlan(limits...)
+	if err != nil {
+		return nil, fmt.Errorf("grpclimit: WithMethodLimits: %s: %w", name, err)
+	}
+	return pl, nil
 }
 
 // WithCost sets what each call costs (default 1), for methods heavier than

@@ -102,3 +102,32 @@ func ExampleWithLimits() {
 	// Retry-After: 1
 	// RateLimit-Policy: "burst";q=2;w=1, "hourly";q=100;w=3600
 }
+
+// Tiers' plans checked once, at start-up, rather than on the first request
+// of each tier: a plan New or WithPlanFunc would reject is reported here,
+// and a checked plan says what its headers will announce.
+func ExampleNewPlan() {
+	tiers := map[string][]ratelimit.Limit{
+		"free": {{Name: "burst", Rate: 5, Window: time.Second}, {Name: "hourly", Rate: 100, Window: time.Hour}},
+		"paid": {{Name: "burst", Rate: 50, Window: time.Second}, {Name: "burst", Rate: 10000, Window: time.Hour}},
+	}
+	plans := map[string]*httplimit.Plan{}
+	for _, tier := range []string{"free", "paid"} {
+		pl, err := httplimit.NewPlan(tiers[tier]...)
+		if err != nil {
+			fmt.Printf("%s: %v\n", tier, err)
+			continue
+		}
+		plans[tier] = pl
+		fmt.Printf("%s: %q\n", tier, pl.Policies())
+	}
+	_ = httplimit.WithPlanFunc(func(r *http.Request) []ratelimit.Limit {
+		if pl, ok := plans[r.Header.Get("X-Tier")]; ok {
+			return pl.Limits()
+		}
+		return nil // the default plan
+	})
+	// Output:
+	// free: ["\"burst\";q=5;w=1" "\"hourly\";q=100;w=3600"]
+	// paid: ratelimit: invalid limit: two limits are named "burst" (50/1s and 10000/1h0m0s); the rate-limit headers could not tell them apart
+}

@@ -126,40 +126,28 @@ func neverPasses(res ratelimit.Result) bool {
 
 // setPolicyHeaders sets the headers that describe the policies and need no
 // count: X-RateLimit-Limit, the binding limit's rate, and RateLimit-Policy.
-func setPolicyHeaders(h http.Header, set HeaderSet, ps []policy, binding ratelimit.Result) {
+func setPolicyHeaders(h http.Header, set HeaderSet, pl *Plan, binding ratelimit.Result) {
 	if set&XRateLimitHeaders != 0 {
 		h.Set(HeaderLimit, strconv.FormatInt(binding.Limit.Rate, 10))
 	}
 	if set&IETFHeaders != 0 {
-		var b strings.Builder
-		for i, p := range ps {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(p.quoted)
-			b.WriteString(";q=")
-			b.WriteString(strconv.FormatInt(p.limit.Rate, 10))
-			b.WriteString(";w=")
-			b.WriteString(strconv.FormatInt(seconds(p.limit.Window), 10))
-		}
-		h.Set(HeaderPolicy, b.String())
+		h.Set(HeaderPolicy, strings.Join(pl.policies, ", "))
 	}
 }
 
-// setHeaders sets every header a decision gives, for the policies ps and
-// their Results rs (those shown: see shown); none if there are none. The
-// X-RateLimit headers and Retry-After describe the binding Result. A
-// Degraded decision says nothing about the counts, so it gets only the
-// policy headers: no made-up Remaining or Reset. A denial that can never
-// pass, because some limit's rate is below the cost, gets Limit, Remaining
-// and the policies, and nothing that names a time to retry at: no Reset, no
-// t for any policy, no Retry-After.
-func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result) {
-	if len(rs) == 0 {
+// setHeaders sets every header a decision against pl gives, whose Results
+// are results and binding Result binding; none if the headers show nothing
+// of it (Plan.Shown). The X-RateLimit headers and Retry-After describe the
+// binding Result. A Degraded decision says nothing about the counts, so it
+// gets only the policy headers: no made-up Remaining or Reset. A denial
+// that can never pass, because some limit's rate is below the cost, gets
+// Limit, Remaining and the policies, and nothing that names a time to retry
+// at: no Reset, no t for any policy, no Retry-After.
+func setHeaders(h http.Header, set HeaderSet, pl *Plan, results []ratelimit.Result, binding ratelimit.Result) {
+	if !pl.Shown(results) {
 		return
 	}
-	binding := ratelimit.Binding(rs)
-	setPolicyHeaders(h, set, ps, binding)
+	setPolicyHeaders(h, set, pl, binding)
 	if binding.Degraded {
 		return
 	}
@@ -172,20 +160,7 @@ func setHeaders(h http.Header, set HeaderSet, ps []policy, rs []ratelimit.Result
 		}
 	}
 	if set&IETFHeaders != 0 {
-		var b strings.Builder
-		for i, res := range rs {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(ps[i].quoted)
-			b.WriteString(";r=")
-			b.WriteString(strconv.FormatInt(res.Remaining, 10))
-			if !never {
-				b.WriteString(";t=")
-				b.WriteString(strconv.FormatInt(ResetSeconds(res), 10))
-			}
-		}
-		h.Set(HeaderRateLimit, b.String())
+		h.Set(HeaderRateLimit, strings.Join(pl.RateLimits(results), ", "))
 	}
 	if !binding.Allowed && binding.RetryAfter > 0 && !never {
 		h.Set(HeaderRetryAfter, strconv.FormatInt(ResetSeconds(binding), 10))

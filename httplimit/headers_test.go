@@ -265,7 +265,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}).policies, []ratelimit.Result{res})
+				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}), []ratelimit.Result{res}, res)
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -349,12 +349,12 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 		}},
 	}
 	for pi, given := range plans {
-		pl := newPlan(given)
-		require.NoError(t, pl.check("the test"))
-		ps := pl.policies
+		pl, err := NewPlan(given...)
+		require.NoError(t, err)
+		ps := pl.Limits()
 		enforced := 0
 		for _, p := range ps {
-			if !p.limit.Shadow {
+			if !p.Shadow {
 				enforced++
 			}
 		}
@@ -363,25 +363,24 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				results := make([]ratelimit.Result, len(ps))
 				e := 0
 				for i, p := range ps {
-					if p.limit.Shadow {
-						results[i] = ratelimit.Result{Shadowed: true, Count: p.limit.Rate, RetryAfter: 2 * time.Second, ResetAfter: 5 * time.Second}
+					if p.Shadow {
+						results[i] = ratelimit.Result{Shadowed: true, Count: p.Rate, RetryAfter: 2 * time.Second, ResetAfter: 5 * time.Second}
 					} else {
-						results[i] = o.result(e, e == enforced-1, p.limit)
+						results[i] = o.result(e, e == enforced-1, p)
 						e++
 					}
-					results[i].Limit = p.limit
+					results[i].Limit = p
 					results[i].Allowed = o.allowed
 				}
 				h := http.Header{}
-				shownP, shownR := shown(pl, results)
-				setHeaders(h, allHeaders, shownP, shownR)
+				setHeaders(h, allHeaders, pl, results, ratelimit.Binding(results))
 
 				var wantPolicy, wantState []sfItem
 				var visible []ratelimit.Result
 				never := false
 				for i, p := range ps {
 					res := results[i]
-					if p.limit.Shadow || res.Shadowed {
+					if p.Shadow || res.Shadowed {
 						continue
 					}
 					visible = append(visible, res)
@@ -393,15 +392,15 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 				}
 				for i, p := range ps {
 					res := results[i]
-					if p.limit.Shadow || res.Shadowed {
+					if p.Shadow || res.Shadowed {
 						continue
 					}
-					name := p.limit.Name
+					name := p.Name
 					if name == "" {
-						name = derivedName(p.limit)
+						name = derivedName(p)
 					}
 					sent := sfSent(name)
-					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.limit.Rate}, {"w", seconds(p.limit.Window)}}})
+					wantPolicy = append(wantPolicy, sfItem{Value: sent, Params: []sfParam{{"q", p.Rate}, {"w", seconds(p.Window)}}})
 					params := []sfParam{{"r", res.Remaining}, {"t", ResetSeconds(res)}}
 					if never {
 						params = params[:1]
@@ -513,7 +512,7 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}).policies, []ratelimit.Result{tc.res})
+			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}), []ratelimit.Result{tc.res}, tc.res)
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`

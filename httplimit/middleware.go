@@ -146,13 +146,13 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
 	}
-	static := newPlan(append([]ratelimit.Limit{limit}, cfg.extra...))
-	if err := checkDefault(static); err != nil {
+	static, err := defaultPlan(limit, cfg.extra)
+	if err != nil {
 		cfg.errs = append(cfg.errs, err)
 	}
 	if cfg.slots != nil {
 		name, _ := slotPolicy(*cfg.slots)
-		for _, limit := range static.limits {
+		for _, limit := range append([]ratelimit.Limit{limit}, cfg.extra...) {
 			if PolicyName(limit) == name {
 				cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: WithConcurrency's limit and the plan's %v are both named %s: the headers could not tell them apart", limit, name))
 			}
@@ -240,7 +240,7 @@ type middleware struct {
 	limiter *ratelimit.Limiter
 	// static is the default plan, the limit given to New and WithLimits',
 	// built and checked once by New.
-	static *plan
+	static *Plan
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -259,8 +259,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 		}
 	}
-	pl, err := m.planFor(r)
-	var results []ratelimit.Result
+	pl, results, err := m.planFor(r)
 	var id string
 	cost := int64(1)
 	if err == nil {
@@ -269,8 +268,6 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		id = c.identity(r)
 		results, err = m.limiter.AllowAll(r.Context(), id, pl.limits, cost)
-	} else {
-		results = errPlanResults(pl)
 	}
 	d := &decided{results: results, binding: ratelimit.Binding(results)}
 	if err == nil {
@@ -278,11 +275,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
-		if d.binding.Degraded {
-			ps, rs := shown(pl, results)
-			if len(rs) > 0 {
-				setPolicyHeaders(w.Header(), c.headers, ps, ratelimit.Binding(rs))
-			}
+		if d.binding.Degraded && pl.Shown(results) { // a refused plan (pl nil) decided nothing
+			setPolicyHeaders(w.Header(), c.headers, pl, d.binding)
 		}
 		c.onError(w, r, err)
 		return
@@ -290,8 +284,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if c.onShadow != nil {
 		m.reportShadowed(r, d)
 	}
-	ps, rs := shown(pl, results)
-	setHeaders(w.Header(), c.headers, ps, rs)
+	setHeaders(w.Header(), c.headers, pl, results, d.binding)
 	if !d.binding.Allowed {
 		c.denied.ServeHTTP(w, r)
 		return

@@ -3,132 +3,171 @@ package httplimit
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/slidingwindow/ratelimit"
 )
 
-// policy is one limit of a plan, with its name quoted once for the IETF
-// headers.
-type policy struct {
-	quoted string // PolicyName(limit)
-	limit  ratelimit.Limit
-}
-
-// plan is the limits one request is decided against, in the order the
-// headers list them, and their policies. A plan is never changed once
-// built, so that requests can share it.
-type plan struct {
-	policies []policy
+// Plan is a checked plan: the limits a request is decided against, all at
+// once, in the order the headers list them, with what the rate-limit
+// headers say of each worked out once. New builds the default plan, and
+// each plan WithPlanFunc returns, as NewPlan does; call NewPlan to check a
+// server's plans (its tiers') at start-up. grpclimit decides and describes
+// its calls with Plans too, so that a plan has one rule over HTTP and gRPC.
+//
+// A Plan is never changed once built: it is safe for simultaneous use by
+// multiple goroutines.
+type Plan struct {
 	limits   []ratelimit.Limit
+	names    []string // PolicyName of each limit, quoted once
+	enforced []int    // the indexes of the limits that can deny: all but Shadow ones
+	policies []string // the RateLimit-Policy item of each enforced limit
 }
 
-// newPlan returns the plan of limits, which it keeps.
-func newPlan(limits []ratelimit.Limit) *plan {
-	pl := &plan{policies: make([]policy, len(limits)), limits: limits}
+// NewPlan returns the plan of limits, in that order, or the error that
+// says what makes it unusable: what ratelimit.ValidateLimits rejects (no
+// limit, more than 16, an invalid limit, two that would share one count),
+// a zero Limit, which stands for no limit (a plan lists every limit it
+// holds), and two limits of the same name (see PolicyName), which the
+// headers could not tell apart. The error wraps ratelimit.ErrInvalidLimit.
+// limits is copied.
+func NewPlan(limits ...ratelimit.Limit) (*Plan, error) {
+	pl := newPlan(append([]ratelimit.Limit(nil), limits...))
+	if err := pl.check(); err != nil {
+		return nil, err
+	}
+	return pl, nil
+}
+
+// newPlan returns the plan of limits, which it keeps, unchecked.
+func newPlan(limits []ratelimit.Limit) *Plan {
+	pl := &Plan{limits: limits, names: make([]string, len(limits))}
 	for i, limit := range limits {
-		pl.policies[i] = policy{quoted: PolicyName(limit), limit: limit}
+		pl.names[i] = PolicyName(limit)
+		if !limit.Shadow {
+			pl.enforced = append(pl.enforced, i)
+			pl.policies = append(pl.policies, pl.names[i]+";q="+strconv.FormatInt(limit.Rate, 10)+
+				";w="+strconv.FormatInt(seconds(limit.Window), 10))
+		}
 	}
 	return pl
 }
 
-// check reports what makes the plan unusable, as AllowAll would
-// (ratelimit.ValidateLimits: no limit, more than 16, an invalid limit, two
-// that would share one count), and two limits of the same name, which the
-// headers could not tell apart. where names the option or function the
-// plan came from; the error wraps ratelimit.ErrInvalidLimit.
-func (pl *plan) check(where string) error {
+// check reports what NewPlan rejects pl for. A plan of one limit is "it".
+func (pl *Plan) check() error {
 	for i, limit := range pl.limits {
-		if limit == (ratelimit.Limit{}) {
-			return fmt.Errorf("httplimit: %s: %w: limit number %d is the zero Limit; "+
-				"a plan lists every limit it holds, the one given to New included", where, ratelimit.ErrInvalidLimit, i+1)
+		switch {
+		case limit != (ratelimit.Limit{}):
+		case len(pl.limits) == 1:
+			return fmt.Errorf("%w: it is the zero Limit", ratelimit.ErrInvalidLimit)
+		default:
+			return fmt.Errorf("%w: limit number %d is the zero Limit; "+
+				"a plan lists every limit it holds, and no value stands for another", ratelimit.ErrInvalidLimit, i+1)
 		}
 	}
 	if err := ratelimit.ValidateLimits(pl.limits); err != nil {
-		return fmt.Errorf("httplimit: %s: %w", where, err)
+		return err
 	}
-	for i, p := range pl.policies {
-		for _, q := range pl.policies[:i] {
-			if q.quoted == p.quoted { // the same once sent
-				return fmt.Errorf("httplimit: %s: %w: two limits are named %s (%v and %v); the headers could not tell them apart",
-					where, ratelimit.ErrInvalidLimit, p.quoted, q.limit, p.limit)
+	for i, name := range pl.names {
+		for j, other := range pl.names[:i] {
+			if other == name { // the same once sent
+				return fmt.Errorf("%w: two limits are named %s (%v and %v); the rate-limit headers could not tell them apart",
+					ratelimit.ErrInvalidLimit, name, pl.limits[j], pl.limits[i])
 			}
 		}
 	}
 	return nil
 }
 
-// checkDefault reports what makes the default plan unusable, as check
-// does, naming the argument at fault: the limit given to New (the plan's
-// first), one of WithLimits' (the rest), or, when each limit is valid
-// alone, the plan they make together.
-func checkDefault(pl *plan) error {
-	for i, limit := range pl.limits {
-		where := "New's limit"
-		if i > 0 {
-			where = fmt.Sprintf("WithLimits' limit number %d", i)
-		}
-		if limit == (ratelimit.Limit{}) {
-			return fmt.Errorf("httplimit: %s: %w: it is the zero Limit", where, ratelimit.ErrInvalidLimit)
-		}
-		if err := limit.Validate(); err != nil {
-			return fmt.Errorf("httplimit: %s: %w", where, err)
+// Limits returns the plan's limits, in order: those to decide a request
+// against with ratelimit.Limiter.AllowAll. The slice is the caller's own.
+func (pl *Plan) Limits() []ratelimit.Limit {
+	return append([]ratelimit.Limit(nil), pl.limits...)
+}
+
+// Shown reports whether the rate-limit headers describe a decision against
+// the plan whose Results are results (one per limit, in order, as
+// AllowAll returns them). They describe its enforced limits (those not
+// Shadow), unless there are none, or ratelimit.WithShadow let through a
+// denial of one: its counts describe a denial the client never got.
+func (pl *Plan) Shown(results []ratelimit.Result) bool {
+	for _, i := range pl.enforced {
+		if results[i].Shadowed {
+			return false
 		}
 	}
-	if len(pl.limits) == 1 {
-		return pl.check("New")
+	return len(pl.enforced) > 0
+}
+
+// Policies returns the items of RateLimit-Policy (grpclimit's
+// ratelimit-policy values), one for each enforced limit, in order:
+// `"<name>";q=<rate>;w=<window in seconds, rounded up>`, the name as
+// PolicyName gives it. The slice is the caller's own.
+func (pl *Plan) Policies() []string {
+	return append([]string(nil), pl.policies...)
+}
+
+// RateLimits returns the items of RateLimit (grpclimit's ratelimit values)
+// for a decision against the plan whose Results are results, one for each
+// enforced limit, in order: `"<name>";r=<remaining>;t=<reset>`, the reset
+// as ResetSeconds gives it, and no t on a denial that can never pass, which
+// no wait lets through. It returns none when the headers show nothing of
+// the decision (see Shown) or nothing of its counts: a Degraded decision,
+// which Redis did not make.
+func (pl *Plan) RateLimits(results []ratelimit.Result) []string {
+	binding := ratelimit.Binding(results)
+	if binding.Degraded || !pl.Shown(results) {
+		return nil
 	}
-	return pl.check("New with WithLimits")
+	never := neverPasses(binding)
+	items := make([]string, len(pl.enforced))
+	for k, i := range pl.enforced {
+		items[k] = pl.names[i] + ";r=" + strconv.FormatInt(results[i].Remaining, 10)
+		if !never {
+			items[k] += ";t=" + strconv.FormatInt(ResetSeconds(results[i]), 10)
+		}
+	}
+	return items
+}
+
+// defaultPlan returns the default plan, the limit given to New followed
+// by WithLimits' extra, or the error naming the argument at fault: a limit
+// invalid alone, else the plan they make together.
+func defaultPlan(limit ratelimit.Limit, extra []ratelimit.Limit) (*Plan, error) {
+	where := "New's limit"
+	for i, l := range append([]ratelimit.Limit{limit}, extra...) {
+		if _, err := NewPlan(l); err != nil {
+			return nil, fmt.Errorf("httplimit: %s: %w", where, err)
+		}
+		where = fmt.Sprintf("WithLimits' limit number %d", i+1)
+	}
+	pl, err := NewPlan(append([]ratelimit.Limit{limit}, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: New with WithLimits: %w", err)
+	}
+	return pl, nil
 }
 
 // planFor returns the plan r is decided against: the one WithPlanFunc
-// returns for it, checked as New checks the default one, or the default
-// plan (the limit given to New and WithLimits') when there is no plan
-// function or it returns no limit.
-func (m *middleware) planFor(r *http.Request) (*plan, error) {
+// returns for it, checked by NewPlan, or the default plan (the limit given
+// to New and WithLimits') when there is no plan function or it returns no
+// limit. For a plan NewPlan rejects, it returns what AllowAll returns with
+// an error, one Result per limit, zero but for its Limit, and the error.
+func (m *middleware) planFor(r *http.Request) (*Plan, []ratelimit.Result, error) {
 	if m.cfg.plan == nil {
-		return m.static, nil
+		return m.static, nil, nil
 	}
 	limits := m.cfg.plan(r)
 	if len(limits) == 0 {
-		return m.static, nil
+		return m.static, nil, nil
 	}
-	pl := newPlan(append([]ratelimit.Limit(nil), limits...))
-	return pl, pl.check("WithPlanFunc's plan")
-}
-
-// shown returns the policies and Results the rate-limit headers describe:
-// the enforced ones, unless ratelimit.WithShadow let a denial through, when
-// none is. Both are empty when nothing is to be shown.
-func shown(pl *plan, results []ratelimit.Result) ([]policy, []ratelimit.Result) {
-	all := true
-	for _, res := range results {
-		if res.Limit.Shadow {
-			all = false
-		} else if res.Shadowed {
-			return nil, nil // ratelimit.WithShadow let a denial through
+	pl, err := NewPlan(limits...)
+	if err != nil {
+		results := make([]ratelimit.Result, len(limits))
+		for i, limit := range limits {
+			results[i].Limit = limit
 		}
+		return nil, results, fmt.Errorf("httplimit: WithPlanFunc's plan: %w", err)
 	}
-	if all {
-		return pl.policies, results
-	}
-	var ps []policy
-	var rs []ratelimit.Result
-	for i, res := range results {
-		if !res.Limit.Shadow {
-			ps = append(ps, pl.policies[i])
-			rs = append(rs, res)
-		}
-	}
-	return ps, rs
-}
-
-// errPlanResults returns, for a plan the middleware refused before asking
-// the limiter, what AllowAll returns with an error: one Result per limit,
-// zero but for its Limit.
-func errPlanResults(pl *plan) []ratelimit.Result {
-	results := make([]ratelimit.Result, len(pl.limits))
-	for i, limit := range pl.limits {
-		results[i].Limit = limit
-	}
-	return results
+	return pl, nil, nil
 }
