@@ -168,8 +168,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	require.NoError(t, client.Ping(ctx).Err())
 	require.Empty(t, libraryGoroutines(), "before the Limiter")
 
-	l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(5*time.Second))
-	ratelimit.BatchAlways(l)
+	l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(5*time.Second), ratelimit.BatchAlways())
 	leased := ratelimit.PerMinute(1000)
 	leased.Leased = true
 	for i := range 20 {
@@ -199,8 +198,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	require.Eventually(t, func() bool { return len(libraryGoroutines()) == 0 }, 10*time.Second, time.Millisecond)
 
 	// A Limiter whose Close returns nil leaves none.
-	l = ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(5*time.Second))
-	ratelimit.BatchAlways(l)
+	l = ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(5*time.Second), ratelimit.BatchAlways())
 	for i := range 20 {
 		_, err := l.Allow(ctx, fmt.Sprint("id", i%3), leased)
 		require.NoError(t, err)

@@ -460,7 +460,7 @@ func TestDifferentialRedisCluster(t *testing.T) {
 // ids on one master.
 func TestDifferentialBatchedMiniredis(t *testing.T) {
 	t.Parallel()
-	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 2 * ratelimit.FewDeciding, batched: true, steps: 2000})
+	runDifferential(t, miniredisEnv(t), diffConfig{pool: tinyPool, lanes: 2 * fewLanes, batched: true, steps: 2000})
 }
 
 func TestDifferentialBatchedRedisServer(t *testing.T) {
@@ -723,9 +723,10 @@ type diffConfig struct {
 	// and trace, in lock step on the shared clock; 0 means 1.
 	lanes int
 	// batched: check that some script calls carried several decisions.
-	// With no more lanes than ratelimit.FewDeciding, the batcher is made to
-	// batch them (it would send each alone); with more, it batches those
-	// past FewDeciding as it does in use.
+	// With no more lanes than fewLanes, the batcher is made to batch them
+	// (it would send each alone); with more, it sends the first fewLanes
+	// decisions under way alone, and batches those past them as it does
+	// in use.
 	batched bool
 	opts    []ratelimit.Option
 	// What opts set, for the model.
@@ -736,6 +737,10 @@ type diffConfig struct {
 	// only).
 	charges bool
 }
+
+// fewLanes is how many decisions under way a batched run's Limiter sends
+// each alone (see diffConfig.batched).
+const fewLanes = 8
 
 // pacer keeps a trace's clock running at least twice as fast as real time.
 // A real server expires a key in real time, two windows (strict: 1.2)
@@ -785,10 +790,13 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	} else {
 		e.client = hookedClient(t, e.client, &calls)
 	}
-	l := e.limiter(c.opts...)
-	if c.batched && lanes <= ratelimit.FewDeciding {
-		ratelimit.BatchAlways(l)
+	opts := c.opts
+	if c.batched && lanes <= fewLanes {
+		opts = append(slices.Clip(opts), ratelimit.BatchAlways())
+	} else if c.batched {
+		opts = append(slices.Clip(opts), ratelimit.WithFewDeciding(fewLanes))
 	}
+	l := e.limiter(opts...)
 	m := newModel()
 	m.shadow, m.countDenied = c.shadow, c.countDenied
 	traces := make([][]op, lanes)

@@ -1,10 +1,6 @@
 package ratelimit
 
-import (
-	"context"
-
-	"github.com/slidingwindow/ratelimit/internal/transport"
-)
+import "context"
 
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits
@@ -15,16 +11,17 @@ const (
 	MaxIDLength  = maxIDLength
 )
 
-// FewDeciding is fewDeciding: while no more decisions than that are under
-// way, a batcher sends each alone.
-const FewDeciding = transport.FewDeciding
-
-// BatchAlways makes l's batchers batch decisions however few are under way,
-// for tests that need calls of several decisions from few goroutines. Call
-// it before l's first decision.
-func BatchAlways(l *Limiter) {
-	l.t.BatchAlways()
+// WithFewDeciding has the Limiter's batchers send each decision alone, at
+// once, while no more than n are under way, in place of the transport's
+// default; below 0, none: see BatchAlways.
+func WithFewDeciding(n int) Option {
+	return optionFunc(func(c *config) { c.fewDeciding = n })
 }
+
+// BatchAlways has the Limiter's batchers batch decisions however few are
+// under way, for tests that need calls of several decisions from few
+// goroutines.
+func BatchAlways() Option { return WithFewDeciding(-1) }
 
 // IdleSweeps is how many sweeps give back an idle lease.
 const IdleSweeps = idleSweeps

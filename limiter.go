@@ -236,6 +236,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 			MaxBatch:        cfg.batchMax,
 			BreakerFailures: cfg.breakerFailures,
 			BreakerCooldown: cfg.breakerCooldown,
+			FewDeciding:     cfg.fewDeciding,
 			Warn:            func(err error) { l.onError(context.Background(), "", err) },
 		})
 	}

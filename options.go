@@ -82,6 +82,9 @@ type config struct {
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
 	breakerCooldown time.Duration
+	// fewDeciding is transport.Config.FewDeciding: 0, its default, unless a
+	// test sets it.
+	fewDeciding int
 }
 
 func defaultConfig() config {

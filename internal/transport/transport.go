@@ -34,7 +34,7 @@ type Transport struct {
 	timeout            time.Duration  // 0 or less: none
 	ctxAware           bool           // the client stops at its ctx deadline by itself
 	maxBatch           int            // requests per call; 1 or less: no batching
-	few                int            // decisions under way that a batcher sends each alone: fewDeciding (tests set 0)
+	few                int            // decisions under way that a batcher sends each alone (Config.FewDeciding)
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -101,6 +101,11 @@ type Config struct {
 	// BreakerCooldown; 0 failures: no breaker.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	// FewDeciding is how many decisions may be under way at once and each
+	// still go at once in a call of its own (see batcher): 0 is
+	// fewDeciding, the measured default; below 0, none, and decisions wait
+	// to batch however few are under way.
+	FewDeciding int
 	// Warn is told what is wrong without failing a call: a server whose
 	// eviction policy deletes live counts (ErrEvictionPolicy).
 	Warn func(error)
@@ -123,6 +128,9 @@ func New(client redis.UniversalClient, cfg Config) *Transport {
 		epoch:           time.Now(),
 		dials:           dialRecorder(client),
 		warn:            cfg.Warn,
+	}
+	if cfg.FewDeciding != 0 {
+		t.few = max(cfg.FewDeciding, 0)
 	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"testing"
@@ -14,20 +15,39 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // newTestTransport returns a Transport of client, batching, with a breaker
-// and a minute's timeout, that closes client when the test ends.
-func newTestTransport(t *testing.T, client *redis.Client) *Transport {
+// and a minute's timeout, as set changes them; when the test ends it closes
+// client, which ends the calls still on the wire, and waits for the
+// Transport's goroutines.
+func newTestTransport(t *testing.T, client redis.UniversalClient, set ...func(*Config)) *Transport {
 	t.Helper()
-	t.Cleanup(func() { _ = client.Close() })
+	cfg := Config{Script: slidingWindow(t), Timeout: time.Minute, MaxBatch: 128, BreakerFailures: 5, BreakerCooldown: time.Second, Warn: func(error) {}}
+	for _, f := range set {
+		f(&cfg)
+	}
+	tr := New(client, cfg)
+	t.Cleanup(func() {
+		_ = client.Close()
+		_ = tr.Drain(context.Background())
+	})
+	return tr
+}
+
+// slidingWindow returns the source of sliding_window.lua, at the module's
+// root.
+func slidingWindow(t *testing.T) string {
+	t.Helper()
 	src, err := os.ReadFile("../../sliding_window.lua")
 	require.NoError(t, err)
-	return New(client, Config{Script: string(src), Timeout: time.Minute, MaxBatch: 128, BreakerFailures: 5, BreakerCooldown: time.Second, Warn: func(error) {}})
+	return string(src)
 }
 
 // oneRequest returns the request of one decision of id against a limit of
-// rate a minute, at the start of a window.
+// rate a minute, at the start of a window: the current window's key, then
+// the previous one's.
 func oneRequest(id string, rate int64) *script.Request {
 	const w = 60_000
 	return &script.Request{
@@ -35,6 +55,35 @@ func oneRequest(id string, rate int64) *script.Request {
 		Keys:   []string{"{" + id + "}:0", "{" + id + "}:-1"},
 		Limits: []script.LimitArgs{{Rate: rate, Weight: w, Window: w, TTL: 2*w + script.Margin(w)}},
 	}
+}
+
+// strictRequest returns the request of one decision of id against a strict
+// limit of rate per window ms, at the start of a sub-window: the
+// window.SubWindows+1 sub-windows' keys, the current one first.
+func strictRequest(id string, rate, w int64) *script.Request {
+	const subs = window.SubWindows
+	sub := w / subs
+	keys := make([]string, subs+1)
+	for k := range keys {
+		keys[k] = fmt.Sprintf("{%s}:%d/%d:%d", id, w, subs, -k)
+	}
+	return &script.Request{
+		Cost: 1, Mode: script.ModeCount, NLimits: 1, Keys: keys,
+		Limits: []script.LimitArgs{{Rate: rate, Weight: subs + 1, TTL: (subs+2)*sub + script.Margin(subs*sub)}},
+	}
+}
+
+// joined returns one request of the limits and keys of reqs, in order, at
+// the first one's cost and mode.
+func joined(reqs ...*script.Request) *script.Request {
+	r := *reqs[0]
+	r.Keys, r.Limits = nil, nil
+	for _, o := range reqs {
+		r.Keys = append(r.Keys, o.Keys...)
+		r.Limits = append(r.Limits, o.Limits...)
+	}
+	r.NLimits = int64(len(r.Limits))
+	return &r
 }
 
 // A half-open breaker lets one probe out at a time: a second waits, and a
