@@ -477,9 +477,13 @@ func TestAcquireShortDeadlinesOpenTheBreaker(t *testing.T) {
 			require.True(t, l.Stats().BreakerOpen, "the outage opened the breaker")
 			require.GreaterOrEqual(t, left, ratelimit.DefaultBreakerFailures)
 			require.Positive(t, degraded, "Acquires after the breaker opened came from the policy")
-			// The calls whose callers left are judged at the Limiter's timeout.
-			require.Eventually(t, func() bool { return len(h.all()) == calls }, 10*time.Second, time.Millisecond,
+			// The calls whose callers left are judged at the Limiter's
+			// timeout, and reported then: all of them but any whose
+			// deadline passed before its call was sent (on a loaded
+			// machine), which failed nothing.
+			require.Eventually(t, func() bool { return len(h.all()) >= degraded+ratelimit.DefaultBreakerFailures }, 10*time.Second, time.Millisecond,
 				"every failure was handled, late or not")
+			require.LessOrEqual(t, len(h.all()), calls)
 			t.Logf("%d Acquires waited %v in all: %d callers left, %d from the policy; %d errors handled; breaker open: %v",
 				calls, waited.Round(time.Millisecond), left, degraded, len(h.all()), l.Stats().BreakerOpen)
 		})
