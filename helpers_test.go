@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -442,11 +443,17 @@ func timedSync(t *testing.T, rc *ratelimit.RedisClock) time.Duration {
 // TestMain runs the package's tests, stops the Redis Cluster they share,
 // and fails the run if they left a goroutine behind.
 //
+// go-redis's logger is silenced: the servers these tests kill, hang and
+// refuse make it log thousands of lines (failed dials, closed connections)
+// that would bury a failing test's FAIL lines. What a test needs to know of
+// an error it checks itself.
+//
 // Unless -parallel says otherwise, 6 parallel tests run at a time rather
 // than one per core: most of them wait on servers (a failover, a timeout, a
 // process starting) far more than they compute. Under -race, which makes
 // them compute several times longer, the default of one per core stays.
 func TestMain(m *testing.M) {
+	redis.SetLogger(&logging.VoidLogger{})
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
