@@ -212,6 +212,22 @@ func newClient(t testing.TB, opt *redis.Options) *redis.Client {
 	return c
 }
 
+// warmPool has client's pool make n connections, each through its
+// handshake, and keeps them idle in it: n calls at once then find one each,
+// ready, however late a proxy makes the replies after.
+func warmPool(t *testing.T, client *redis.Client, n int) {
+	t.Helper()
+	conns := make([]*redis.Conn, n)
+	for i := range conns {
+		conns[i] = client.Conn() // holds its connection until closed
+		require.NoError(t, conns[i].Ping(context.Background()).Err())
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close()) // back to the pool
+	}
+	require.Equal(t, uint32(n), client.PoolStats().TotalConns)
+}
+
 // deadAddr returns a loopback address where nothing listens: a dial is
 // refused at once.
 func deadAddr(t *testing.T) string {
