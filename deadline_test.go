@@ -63,13 +63,18 @@ func lateCalls() int { return goroutinesIn(judgeLate) + watchGoroutines() }
 // srv through a proxy, whose breaker opens after DefaultBreakerFailures and
 // stays open for a minute (no probe within a run, however slow the
 // machine), with the error handler and Observer that record what they get,
-// once a decision of limit has loaded the script.
+// once a decision of limit has succeeded: on a connection already made,
+// with the script already loaded, so that its 100 ms bound it by 10 times
+// and more on a loaded machine.
 func proxiedLimiter(t *testing.T, srv *redistest.Server, ctxAware bool, limit ratelimit.Limit) (*ratelimit.Limiter, *redistest.Proxy, *errorLog, *leftEvents) {
 	proxy := redistest.StartProxy(t, srv.Addr)
 	opts := slowClient(proxy.Addr, ctxAware)
 	opts.MaxRetries = -1
+	client := newClient(t, opts)
+	warmPool(t, client, 1)
+	loadScript(t, client)
 	h, events := &errorLog{}, &leftEvents{}
-	l := ratelimit.New(newClient(t, opts), ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events),
+	l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithErrorHandler(h.handle), ratelimit.WithObserver(events),
 		ratelimit.WithCircuitBreaker(ratelimit.DefaultBreakerFailures, time.Minute))
 	res, err := l.Allow(context.Background(), "warm-up", limit)
 	require.NoError(t, err)
@@ -100,24 +105,25 @@ func TestShortDeadlinesOpenTheBreaker(t *testing.T) {
 			defer proxy.Resume()
 			left, fast, lastLeft := 0, -1, -1
 			var fastTook time.Duration
+			var took []time.Duration
 			for i := range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
 				begin := time.Now()
 				res, err := l.Allow(ctx, "id", limit)
-				took := time.Since(begin)
+				took = append(took, time.Since(begin))
 				cancel()
 				switch {
 				case errors.Is(err, context.DeadlineExceeded):
 					left, lastLeft = left+1, i
 				case err == nil && res.Degraded && res.Allowed:
 					if fast < 0 {
-						fast, fastTook = i, took
+						fast, fastTook = i, took[i]
 					}
 				default:
 					t.Fatalf("decision %d: %+v, %v", i, res, err)
 				}
-				require.Less(t, took, deadline+loadSlack, "decision %d", i)
 			}
+			requireLatencies(t, took, deadline, "callers with deadlines")
 			require.Positive(t, fast, "no decision came from the open breaker's policy")
 			require.Less(t, lastLeft, fast, "once the breaker opened, every decision came from the policy (its cooldown outlasts the run)")
 			require.True(t, l.Stats().BreakerOpen)
@@ -233,15 +239,15 @@ func TestClusterWithoutSlotMap(t *testing.T) {
 			var last atomic.Value
 			l := ratelimit.New(client, ratelimit.WithTimeout(timeout),
 				ratelimit.WithErrorHandler(func(_ context.Context, _ string, err error) { handled.Add(1); last.Store(err) }))
+			var took []time.Duration
 			for i := range 5 {
 				begin := time.Now()
 				res, err := l.Allow(context.Background(), fmt.Sprint("id-", i), ratelimit.PerSecond(10))
-				took := time.Since(begin)
+				took = append(took, time.Since(begin))
 				require.NoError(t, err)
 				require.True(t, res.Degraded && res.Allowed, "decision %d: %+v", i, res)
-				require.Less(t, took, timeout+loadSlack, "decision %d", i)
-				t.Logf("decision %d: from the policy after %v", i, took)
 			}
+			requireLatencies(t, took, timeout, "decisions from the policy")
 			require.Equal(t, int64(5), handled.Load())
 			require.ErrorContains(t, last.Load().(error), "loading its slot map")
 		})

@@ -228,6 +228,18 @@ func warmPool(t *testing.T, client *redis.Client, n int) {
 	require.Equal(t, uint32(n), client.PoolStats().TotalConns)
 }
 
+// loadScript has the decision script in the script cache of c's server, as
+// a first decision leaves it, made here with a long timeout: a Limiter
+// whose timeout is short then finds it there, and its first decision on a
+// warm connection needs no EVAL, however loaded the machine.
+func loadScript(t *testing.T, c redis.UniversalClient) {
+	t.Helper()
+	l := ratelimit.New(c, ratelimit.WithTimeout(time.Minute), ratelimit.WithPrefix(t.Name()+"-load"))
+	res, err := l.Allow(context.Background(), "load", ratelimit.PerMinute(1))
+	require.NoError(t, err)
+	require.False(t, res.Degraded)
+}
+
 // deadAddr returns a loopback address where nothing listens: a dial is
 // refused at once.
 func deadAddr(t *testing.T) string {
