@@ -127,6 +127,7 @@ type redisErrKey struct{}
 // fixed number of decisions, a new empty one starts on the same port. The
 // clock never moves: every decision falls in one window.
 func TestRedisKilledUnderLoad(t *testing.T) {
+	long(t)
 	t.Parallel()
 	for _, p := range policyCases {
 		t.Run(p.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -203,6 +204,16 @@ type backend struct {
 // redis-server (started once for all the tests it serves).
 func singleServers(t *testing.T) []backend {
 	return []backend{{"miniredis", miniredisEnv}, {"RedisServer", serverEnv(t)}}
+}
+
+// long skips t, a scenario of several seconds on real servers (a failover,
+// a live resharding), unless RATELIMIT_LONG=1: .ci/run sets it, and the
+// README's go test ./... stays short without it.
+func long(t *testing.T) {
+	t.Helper()
+	if os.Getenv("RATELIMIT_LONG") != "1" {
+		t.Skip("skipping: a scenario of several seconds on real servers; RATELIMIT_LONG=1 runs it, as .ci/run does")
+	}
 }
 
 // newClient returns a client with opt that t closes when it ends.
