@@ -43,6 +43,7 @@ type decided struct {
 // catch up under a short pause of writes before the kill, so that what it
 // checks is the Limiter's behaviour, not Redis's replication lag.
 func TestClusterFailover(t *testing.T) {
+	long(t)
 	t.Parallel()
 	const (
 		nodeTimeout = time.Second
@@ -173,6 +174,7 @@ func TestClusterFailover(t *testing.T) {
 // promotion, and no id is admitted past its limit (the replica caught up
 // under a pause of writes before the kill, as in TestClusterFailover).
 func TestSentinelFailover(t *testing.T) {
+	long(t)
 	t.Parallel()
 	const ids, goroutines, after = 5000, 16, 2500 * time.Millisecond
 	master := redistest.Start(t)

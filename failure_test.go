@@ -21,14 +21,42 @@ import (
 
 // clientTimeout is the read, write and pool timeout of the clients in the
 // tests of the Limiter's timeout: a decision that only the client bounded
-// would take this long, far more than those tests allow, which is the
-// Limiter's timeout plus loadSlack.
+// would take this long, far more than those tests allow (requireLatencies).
 const clientTimeout = 30 * time.Second
 
-// loadSlack is what the tests of the Limiter's timeout allow on top of it:
-// the scheduling delays of a loaded 2-core machine under -race, not a speed
-// claim. It is well below clientTimeout and go-redis's own 3s ReadTimeout.
-const loadSlack = 2 * time.Second
+// The tests of the Limiter's timeout, and of callers' deadlines, check how
+// long their decisions took together, not one by one: a loaded 2-core
+// machine makes a few of them late by far more than the bound, never most
+// by more than a few times it (under -race beside three busy loops, 2,000
+// callers bounded by 50 ms: medians of 60 to 220 ms). Of the decisions that waited for the bound (half of it or
+// more: the others were decided at once, by an open breaker or a refused
+// dial), the median must stay within medianBound times the bound, so that a
+// bound that regresses fails the test; and each decision must end within
+// outlierBound, well below clientTimeout and go-redis's own 3 s
+// ReadTimeout, so that none waited for the client's own timeout. (A slack
+// of 2 s on each decision let a 50 ms bound regress 40-fold unnoticed.)
+const (
+	medianBound  = 5
+	outlierBound = 2 * time.Second
+)
+
+// requireLatencies checks took, how long decisions each bounded by bound
+// took: the median of those that waited within medianBound × bound, and
+// each within outlierBound.
+func requireLatencies(t *testing.T, took []time.Duration, bound time.Duration, what string) {
+	t.Helper()
+	var waited []time.Duration
+	for _, d := range took {
+		if d >= bound/2 {
+			waited = append(waited, d)
+		}
+	}
+	median := percentile(waited, 50)
+	t.Logf("%s: %d decisions bounded by %v, %d of which waited: median %v, p90 %v, max %v",
+		what, len(took), bound, len(waited), median, percentile(waited, 90), percentile(took, 100))
+	require.LessOrEqual(t, median, medianBound*bound, "%s: the median of %d decisions that waited for %v", what, len(waited), bound)
+	require.Less(t, percentile(took, 100), outlierBound, "%s: the slowest of %d decisions bounded by %v", what, len(took), bound)
+}
 
 // slowClient returns options for a client of addr whose own timeouts are
 // clientTimeout, and that stops at ctx deadlines itself or not.
@@ -55,11 +83,13 @@ func TestRedisDown(t *testing.T) {
 // A Redis that accepts connections and never answers holds a decision for
 // the Limiter's timeout and not for the client's own (30s here), whether or
 // not the client watches ctx deadlines itself: the Limiter stops waiting
-// for a client that does not.
+// for a client that does not. Each decision takes the timeout at least;
+// how much longer is checked on all of them together.
 func TestRedisHangs(t *testing.T) {
 	t.Parallel()
 	const timeout = 50 * time.Millisecond
 	addr := redistest.Silent(t)
+	var took []time.Duration
 	for _, ctxAware := range []bool{false, true} {
 		for _, p := range policyCases {
 			t.Run(fmt.Sprintf("%s/ContextTimeoutEnabled=%v", p.name, ctxAware), func(t *testing.T) {
@@ -74,10 +104,11 @@ func TestRedisHangs(t *testing.T) {
 				require.True(t, isTimeout(redisErr), "%v", redisErr)
 				require.ErrorContains(t, redisErr, "no reply within 50ms")
 				require.GreaterOrEqual(t, elapsed, timeout)
-				require.Less(t, elapsed, timeout+loadSlack)
+				took = append(took, elapsed)
 			})
 		}
 	}
+	requireLatencies(t, took, timeout, "a hung Redis")
 }
 
 // A caller that gives up is not a Redis failure: its own error comes back,

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -204,11 +206,49 @@ func singleServers(t *testing.T) []backend {
 	return []backend{{"miniredis", miniredisEnv}, {"RedisServer", serverEnv(t)}}
 }
 
+// long skips t, a scenario of several seconds on real servers (a failover,
+// a live resharding), unless RATELIMIT_LONG=1: .ci/run sets it, and the
+// README's go test ./... stays short without it.
+func long(t *testing.T) {
+	t.Helper()
+	if os.Getenv("RATELIMIT_LONG") != "1" {
+		t.Skip("skipping: a scenario of several seconds on real servers; RATELIMIT_LONG=1 runs it, as .ci/run does")
+	}
+}
+
 // newClient returns a client with opt that t closes when it ends.
 func newClient(t testing.TB, opt *redis.Options) *redis.Client {
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// warmPool has client's pool make n connections, each through its
+// handshake, and keeps them idle in it: n calls at once then find one each,
+// ready, however late a proxy makes the replies after.
+func warmPool(t *testing.T, client *redis.Client, n int) {
+	t.Helper()
+	conns := make([]*redis.Conn, n)
+	for i := range conns {
+		conns[i] = client.Conn() // holds its connection until closed
+		require.NoError(t, conns[i].Ping(context.Background()).Err())
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close()) // back to the pool
+	}
+	require.Equal(t, uint32(n), client.PoolStats().TotalConns)
+}
+
+// loadScript has the decision script in the script cache of c's server, as
+// a first decision leaves it, made here with a long timeout: a Limiter
+// whose timeout is short then finds it there, and its first decision on a
+// warm connection needs no EVAL, however loaded the machine.
+func loadScript(t *testing.T, c redis.UniversalClient) {
+	t.Helper()
+	l := ratelimit.New(c, ratelimit.WithTimeout(time.Minute), ratelimit.WithPrefix(t.Name()+"-load"))
+	res, err := l.Allow(context.Background(), "load", ratelimit.PerMinute(1))
+	require.NoError(t, err)
+	require.False(t, res.Degraded)
 }
 
 // deadAddr returns a loopback address where nothing listens: a dial is
@@ -442,11 +482,17 @@ func timedSync(t *testing.T, rc *ratelimit.RedisClock) time.Duration {
 // TestMain runs the package's tests, stops the Redis Cluster they share,
 // and fails the run if they left a goroutine behind.
 //
+// go-redis's logger is silenced: the servers these tests kill, hang and
+// refuse make it log thousands of lines (failed dials, closed connections)
+// that would bury a failing test's FAIL lines. What a test needs to know of
+// an error it checks itself.
+//
 // Unless -parallel says otherwise, 6 parallel tests run at a time rather
 // than one per core: most of them wait on servers (a failover, a timeout, a
 // process starting) far more than they compute. Under -race, which makes
 // them compute several times longer, the default of one per core stays.
 func TestMain(m *testing.M) {
+	redis.SetLogger(&logging.VoidLogger{})
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })

@@ -35,6 +35,7 @@ import (
 // The cluster is the test's own: resharding the shared one would move the
 // keys of the tests that run beside this one.
 func TestClusterReshardingUnderLoad(t *testing.T) {
+	long(t)
 	t.Parallel()
 	const (
 		moving     = 1500 // slots, from the source's lowest
