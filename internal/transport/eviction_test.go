@@ -38,8 +38,13 @@ func TestEvictionPolicyWarning(t *testing.T) {
 				require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "noconfig", "reset", "on", ">pw", "~*", "+@all", "-config").Err())
 				opt.Username, opt.Password = "noconfig", "pw"
 			}
+			client := redis.NewClient(opt)
+			// Connected first: the look-up's own bound (evictionCheckTimeout,
+			// 1 s) then covers one CONFIG GET, not a dial and handshake too
+			// on a loaded machine.
+			require.NoError(t, client.Ping(ctx).Err())
 			var warned []error
-			tr := newTestTransport(t, redis.NewClient(opt), func(c *Config) {
+			tr := newTestTransport(t, client, func(c *Config) {
 				c.Warn = func(err error) { warned = append(warned, err) }
 			})
 			tr.checkEviction(tr.one) // what the first call starts, here on the test's goroutine
