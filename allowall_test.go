@@ -700,7 +700,7 @@ func TestAllowAllDenyCacheChangesNoDecision(t *testing.T) {
 	cached := newLimiter(ratelimit.WithDenyCache(1000), ratelimit.WithObserver(ratelimit.ObserverFunc(
 		func(_ context.Context, ev *ratelimit.Event) { source = ev.Source })))
 	local, localMulti := 0, 0
-	for step, o := range mixedTrace(11, 2000, tinyPool, "") {
+	for step, o := range mixedTrace(11, depth(t, 2000), tinyPool, "") {
 		clk.Set(time.UnixMilli(o.at))
 		where := fmt.Sprintf("step %d %v", step, o)
 		want, err := do(ctx, plain, o)

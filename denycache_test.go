@@ -32,7 +32,7 @@ func TestDenyCacheChangesNothing(t *testing.T) {
 			plain, plainRedis := newLimiter()
 			cached, cachedRedis := newLimiter(ratelimit.WithDenyCache(1000))
 			var denied int
-			for step, o := range randomTrace(seed, 2000, tinyWindows) {
+			for step, o := range randomTrace(seed, depth(t, 2000), tinyWindows) {
 				clk.Set(time.UnixMilli(o.at))
 				where := fmt.Sprintf("step %d %v", step, o)
 				switch o.kind {

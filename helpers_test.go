@@ -216,6 +216,18 @@ func long(t *testing.T) {
 	}
 }
 
+// depth returns n, the steps of a property test, under RATELIMIT_LONG=1 (as
+// .ci/run runs every test), else a third of them: the README's go test
+// ./... samples each property, CI checks it in full.
+func depth(t *testing.T, n int) int {
+	t.Helper()
+	if os.Getenv("RATELIMIT_LONG") == "1" {
+		return n
+	}
+	t.Logf("%d steps of %d; RATELIMIT_LONG=1 runs them all, as .ci/run does", n/3, n)
+	return n / 3
+}
+
 // newClient returns a client with opt that t closes when it ends.
 func newClient(t testing.TB, opt *redis.Options) *redis.Client {
 	c := redis.NewClient(opt)

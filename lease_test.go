@@ -144,7 +144,7 @@ func runNeverOver(t *testing.T, mk newEnv) {
 		t.Run(c.name, func(t *testing.T) {
 			e := mk(t)
 			e.opts = c.opts
-			adm, fromLease := neverOver(t, e, c.limit, 4, 4, 300, 7)
+			adm, fromLease := neverOver(t, e, c.limit, 4, 4, depth(t, 300), 7)
 			var total int64
 			for _, a := range adm {
 				total += a.cost

@@ -417,8 +417,9 @@ func TestAllowManyFailLocalConcurrent(t *testing.T) {
 // A caller whose deadline passes while a Cluster's slots decide gets its
 // ctx's error, and no decision.
 func TestAllowManyCallerLeavesCluster(t *testing.T) {
+	t.Parallel()
 	e := clusterEnv(t)(t)
-	slow := onCommand("evalsha", func() { time.Sleep(300 * time.Millisecond) }, nil) // a slow server, not a wait
+	slow := onCommand("evalsha", func() { time.Sleep(500 * time.Millisecond) }, nil) // a slow server, 10 times the caller's deadline; not a wait
 	e.client = hookedClient(t, e.client, slow)
 	l := e.limiter()
 	mate := sameSlot(t, "user")
