@@ -46,6 +46,9 @@ func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) e
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
+	if err := l.enter(); err != nil {
+		return err
+	}
 	defer l.exit()
 	reqs := l.build(d, id, l.now().UnixMilli())
 	var gives []*script.Request
@@ -264,6 +267,9 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
 	d := &decision{limits: limits, kind: EventGiveBack}
 	if err := l.begin(d, id, n); err != nil {
+		return err
+	}
+	if err := l.enter(); err != nil {
 		return err
 	}
 	defer l.exit()

@@ -47,7 +47,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 }
 
 // enter begins a call that may reach Redis, or returns ErrClosed after
-// Close; a call begun ends with exit.
+// Close; a call begun ends with exit. A decision served from its leases
+// alone does not enter: it reaches no Redis, and Close, which drops every
+// lease under the lease table's lock, need not wait for it.
 func (l *Limiter) enter() error {
 	l.ops.Add()
 	if l.closed.Load() {

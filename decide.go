@@ -156,13 +156,16 @@ func (l *Limiter) decide(ctx context.Context, d *decision, id string, n int64) e
 	if err := l.begin(d, id, n); err != nil {
 		return err
 	}
-	defer l.exit()
 	now := l.now().UnixMilli()
 	leased := d.leased()
-	if leased && l.serveLeases(d, id, now, false) {
+	if leased && l.serveLeases(d, id, now, false) { // no Redis: Close need not wait
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
+	if err := l.enter(); err != nil {
+		return err
+	}
+	defer l.exit()
 	reqs := l.build(d, id, now)
 	var gives []*script.Request
 	if leased {
@@ -214,12 +217,15 @@ func (l *Limiter) look(ctx context.Context, d *decision, id string) error {
 	if err := l.begin(d, id, 1); err != nil { // checked as a request of cost 1
 		return err
 	}
-	defer l.exit()
 	now := l.now().UnixMilli()
 	if d.leased() && l.serveLeases(d, id, now, true) {
 		d.derive()
 		return l.finish(ctx, d, id, SourceLease, 0, nil, nil)
 	}
+	if err := l.enter(); err != nil {
+		return err
+	}
+	defer l.exit()
 	reqs := l.build(d, id, now)
 	took, left, err := l.send(ctx, d, id, reqs, nil)
 	if left {
@@ -373,8 +379,8 @@ func (l *Limiter) settleLeases(d *decision, id string, ok bool) {
 
 // begin starts decision d of id: it gives each of d.results its Limit,
 // making them if the caller did not, and validates the client, id, limits
-// and n, the cost they are checked at, before anything is sent. Unless it
-// returns an error, the decision is under way until l.exit (see enter).
+// and n, the cost they are checked at, before anything is sent; after
+// Close, ErrClosed. A decision that goes on to Redis enters (see enter).
 func (l *Limiter) begin(d *decision, id string, n int64) error {
 	if d.results == nil {
 		d.results = make([]Result, len(d.limits))
@@ -382,14 +388,10 @@ func (l *Limiter) begin(d *decision, id string, n int64) error {
 	for i, limit := range d.limits {
 		d.results[i].Limit = limit
 	}
-	if err := l.enter(); err != nil {
-		return err
+	if l.closed.Load() {
+		return ErrClosed
 	}
-	if err := l.checkAll(id, d.limits, n); err != nil {
-		l.exit()
-		return err
-	}
-	return nil
+	return l.checkAll(id, d.limits, n)
 }
 
 // send sends reqs, d's requests as build made them, in one call after

@@ -156,7 +156,7 @@ type Limiter struct {
 	policy      FailurePolicy
 	onError     func(ctx context.Context, id string, err error)
 	shadow      bool  // WithShadow
-	countDenied int64 // 1 with WithCountDenied
+	countDenied uint8 // script.ModeCountDenied with WithCountDenied
 	observer    Observer
 	observeIDs  bool
 	t           *transport.Transport // nil for a nil client
@@ -171,12 +171,17 @@ type Limiter struct {
 	sleep func(ctx context.Context, d time.Duration) error
 
 	// closed is set by Close; closing is canceled then, ending Wait's
-	// sleeps. ops counts the calls under way, which Close waits for; bg
-	// the goroutines of the Limiter's own (give-backs, releases).
+	// sleeps. ops counts the calls under way, which Close waits for, on a
+	// cache line of its own (every call writes it; the fields above are
+	// read by every call); bg the goroutines of the Limiter's own
+	// (give-backs, releases).
 	closed  atomic.Bool
 	closing context.Context
 	cancel  context.CancelFunc
-	ops, bg group.Group
+	bg      group.Group
+	_       [64]byte
+	ops     group.Group
+	_       [64]byte
 }
 
 // limiters numbers the Limiters of the process.

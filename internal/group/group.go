@@ -31,11 +31,15 @@ func (g *Group) Go(f func()) {
 // Add counts one more task, which Done ends.
 func (g *Group) Add() { g.n.Add(1) }
 
-// Done ends one counted task.
+// Done ends one counted task. It inlines: a Limiter counts every call.
 func (g *Group) Done() {
-	if g.n.Add(-1) != 0 {
-		return
+	if g.n.Add(-1) == 0 {
+		g.idled()
 	}
+}
+
+// idled wakes whoever waits for the count to fall to 0, which it just did.
+func (g *Group) idled() {
 	g.mu.Lock()
 	if g.idle != nil {
 		close(g.idle)

@@ -50,14 +50,17 @@ func NewScript(src string, cross bool) *Script {
 // handed to the transport, and a call's arguments point into it rather
 // than box copies of its numbers.
 type Request struct {
-	Kind    Kind  // the command that carries it: KindWindow unless set
-	Cost    int64 // 0 looks without counting; below 0 gives back (see GiveBack)
-	Mode    int64 // ModeCount, ModeCountDenied, ModeLease or ModeCharge
-	NLimits int64
-	Keys    []string    // every limit's keys, in order
-	Limits  []LimitArgs // one per limit
+	Cost   int64       // 0 looks without counting; below 0 gives back (see GiveBack)
+	Keys   []string    // every limit's keys, in order
+	Limits []LimitArgs // one per limit
 	// Concurrency is a KindConcurrency request's; nil for the others.
 	Concurrency *Concurrency
+	// The small fields last, in one word: a decision of one limit sends
+	// its request in one allocation of a size class (see the root's
+	// oneRequest), which another word would take to the next.
+	NLimits uint16 // len(Limits); at most 16 but for a give-back's
+	Mode    uint8  // ModeCount, ModeCountDenied, ModeLease or ModeCharge
+	Kind    Kind   // the command that carries it: KindWindow unless set
 }
 
 // A request's mode, as the script takes it.
@@ -88,7 +91,7 @@ func Granted(need, most, rate, usage int64) int64 {
 // GiveBack returns a request that lowers each of keys by n, never below 0,
 // and creates nothing: see sliding_window.lua.
 func GiveBack(n int64, keys ...string) *Request {
-	r := &Request{Cost: -n, NLimits: int64(len(keys)), Keys: keys, Limits: make([]LimitArgs, len(keys))}
+	r := &Request{Cost: -n, NLimits: uint16(len(keys)), Keys: keys, Limits: make([]LimitArgs, len(keys))}
 	for i := range r.Limits {
 		r.Limits[i].Weight = 1
 	}
@@ -182,7 +185,7 @@ func AppendCall(args []any, sc *Script, reqs []*Request, cross, short bool) []an
 		}
 	}
 	for _, r := range reqs {
-		args = append(args, &r.Cost, &r.NLimits, smallInts[r.Mode])
+		args = append(args, &r.Cost, intArg(int(r.NLimits)), smallInts[r.Mode])
 		for i := range r.Limits {
 			a := &r.Limits[i]
 			args = append(args, &a.Rate, &a.Weight, &a.Window, &a.TTL)

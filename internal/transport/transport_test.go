@@ -82,7 +82,7 @@ func joined(reqs ...*script.Request) *script.Request {
 		r.Keys = append(r.Keys, o.Keys...)
 		r.Limits = append(r.Limits, o.Limits...)
 	}
-	r.NLimits = int64(len(r.Limits))
+	r.NLimits = uint16(len(r.Limits))
 	return &r
 }
 
