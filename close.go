@@ -25,10 +25,10 @@ func (l *Limiter) Close(ctx context.Context) error {
 		return nil
 	}
 	l.cancel()
+	l.keeps.close()
 	if err := l.ops.Wait(ctx); err != nil {
 		return err
 	}
-	l.keeps.close()
 	if l.t == nil {
 		return nil
 	}
