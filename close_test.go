@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,7 +265,7 @@ func TestCloseWaitsForCalls(t *testing.T) {
 
 // A rolling deploy of real processes: each decides a leased daily limit,
 // closes its Limiter and exits; Redis then holds exactly what they
-// admitted. A process that exits without Close leaves its lease counted.
+// admitted. A process killed without Close leaves its lease counted.
 func TestRollingDeployProcesses(t *testing.T) {
 	if addr := os.Getenv("RATELIMIT_ROLLING_POD"); addr != "" {
 		rollingPod(addr, os.Getenv("RATELIMIT_ROLLING_CLOSE") == "1")
@@ -276,11 +278,15 @@ func TestRollingDeployProcesses(t *testing.T) {
 		t.Helper()
 		child := exec.Command(os.Args[0], "-test.run", "^TestRollingDeployProcesses$")
 		child.Env = append(os.Environ(), "RATELIMIT_ROLLING_POD="+srv.Addr, fmt.Sprintf("RATELIMIT_ROLLING_CLOSE=%d", map[bool]int{true: 1}[close]))
-		out, err := child.Output()
-		require.NoError(t, err, "%s", out)
+		out, err := child.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, child.Start())
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		_ = child.Wait() // an unclosed pod kills itself
 		var admitted int64
-		_, err = fmt.Sscanf(string(out), "admitted %d", &admitted)
-		require.NoError(t, err, "%s", out)
+		_, err = fmt.Sscanf(line, "admitted %d", &admitted)
+		require.NoError(t, err, "%s", line)
 		return admitted
 	}
 	count := func() int64 {
@@ -298,13 +304,14 @@ func TestRollingDeployProcesses(t *testing.T) {
 	t.Logf("two pods closed: admitted %d, counted in Redis %d", admitted, count())
 	require.Equal(t, admitted, count(), "what closed pods admitted, exactly")
 	admitted += pod(false)
-	t.Logf("a third pod exited without Close: admitted %d, counted in Redis %d", admitted, count())
-	require.Greater(t, count(), admitted, "a pod that exits without Close leaves its lease counted")
+	t.Logf("a third pod killed without Close: admitted %d, counted in Redis %d", admitted, count())
+	require.Greater(t, count(), admitted, "a pod killed without Close leaves its lease counted")
 }
 
 // rollingPod is a child of TestRollingDeployProcesses: it decides a leased
 // limit of 10,000 a day (leases of up to 500) 300 times, closes its
-// Limiter if told to, and says how many it admitted.
+// Limiter if told to, and says how many it admitted; then it exits, or,
+// not closed, kills itself before its lease sweeper can give back.
 func rollingPod(addr string, close bool) {
 	l := ratelimit.New(redis.NewClient(&redis.Options{Addr: addr}), ratelimit.WithPrefix("rolling"), ratelimit.WithTimeout(time.Minute))
 	limit := ratelimit.PerDay(10_000)
@@ -322,5 +329,8 @@ func rollingPod(addr string, close bool) {
 		}
 	}
 	fmt.Printf("admitted %d\n", admitted)
+	if !close { // a process that dies within a second of its last decision
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
 	os.Exit(0)
 }
