@@ -30,6 +30,10 @@
 //	if err != nil { ... }
 //	if !res.Allowed { ... answer 429, retry after res.RetryAfter ... }
 //
+// On shutdown, after the servers that call it have stopped, Close the
+// Limiter: it gives back what leased limits hold and waits for its work in
+// the background.
+//
 // Of the go-redis client's options, three matter here. ContextTimeoutEnabled:
 // true lets the client stop at the deadline each decision carries, with no
 // goroutine left waiting on a dead server. A short DialTimeout (go-redis's
