@@ -434,4 +434,6 @@ func TestAllowManyCallerLeavesCluster(t *testing.T) {
 	for _, r := range rs {
 		require.False(t, r.Allowed)
 	}
+	// The calls go on, and then the give-backs: Close waits for them.
+	require.NoError(t, l.Close(context.Background()))
 }
