@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/clock"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
@@ -350,13 +351,16 @@ func testAllowManySlots(t *testing.T, e env) {
 }
 
 // When Redis cannot decide, the failure policy decides every quota alike;
-// FailLocal all or nothing against each quota's share.
+// FailLocal all or nothing against each quota's share. The clock is held
+// still: on the real one, a minute's end between the calls would let the
+// last one in.
 func TestAllowManyFailurePolicies(t *testing.T) {
 	ctx := context.Background()
 	for _, p := range policyCases {
 		t.Run(p.name, func(t *testing.T) {
 			h := &errorLog{}
-			l := ratelimit.New(downClient(t), p.with(ratelimit.WithErrorHandler(h.handle))...)
+			l := ratelimit.New(downClient(t), p.with(ratelimit.WithErrorHandler(h.handle),
+				ratelimit.WithClock(clock.NewFake(epoch.Add(30*time.Second)).Now))...)
 			quotas := []ratelimit.Quota{
 				{ID: "user", Limit: ratelimit.PerMinute(8), Cost: 1}, // a share of 2 under FailLocal
 				{ID: "tenant", Limit: ratelimit.PerMinute(100), Cost: 1},
