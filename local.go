@@ -53,11 +53,7 @@ func (w *localWindows) decide(id string, d *decision) {
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
 		if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
-			if e.i > s.pos.i {
-				// A caller that read the clock later counted first: decide at
-				// the start of its window, not on counts that would forget it.
-				s.pos.i, s.pos.e = e.i, 0
-			}
+			s.pos = e.later(s.pos)
 			s.seen, _ = e.at(s.pos)
 		}
 		if s.pos.estimate(&s.seen)+n > s.rate {
@@ -71,7 +67,7 @@ func (w *localWindows) decide(id string, d *decision) {
 		}
 		c := s.seen
 		c[0] += n
-		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
+		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, e: s.pos.e, counts: c})
 	}
 	shard.mu.Unlock()
 	d.deniedCounted = false
@@ -126,9 +122,7 @@ func (w *localWindows) decideMany(d *decision) {
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
 		if e, found := w.table.shard(keys[s.at]).entries[tableKey{keys[s.at], s.pos.w, s.pos.subs}]; found {
-			if e.i > s.pos.i {
-				s.pos.i, s.pos.e = e.i, 0
-			}
+			s.pos = e.later(s.pos)
 			s.seen, _ = e.at(s.pos)
 		}
 		if s.pos.estimate(&s.seen)+q.Cost > s.rate {
@@ -147,7 +141,7 @@ func (w *localWindows) decideMany(d *decision) {
 		}
 		c := s.seen
 		c[0] += q.Cost
-		w.table.shard(keys[s.at]).put(tableKey{keys[s.at], s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, counts: c})
+		w.table.shard(keys[s.at]).put(tableKey{keys[s.at], s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, e: s.pos.e, counts: c})
 	}
 	d.deriveMany()
 }

@@ -151,7 +151,10 @@ func TestFailLocalShares(t *testing.T) {
 // A caller that read the clock before another, across a window's end, and
 // reaches FailLocal's table after it, is decided in the later window: it
 // does not count itself in the earlier one over what the later caller
-// counted, which would forget that count.
+// counted, which would forget that count. It is decided where the later
+// caller counted, not at an earlier moment that weighs the previous window
+// more, in the same window too: its Count is what that caller left, never
+// above the share (it was 3 of a share of 2, at the start of the window).
 func TestFailLocalLateCaller(t *testing.T) {
 	t.Parallel()
 	client := refusingClient(t)
@@ -177,6 +180,13 @@ func TestFailLocalLateCaller(t *testing.T) {
 	at(1950) // the late caller: 1 + floor(2 × 1) + 1 does not
 	late := allow()
 	require.False(t, late.Allowed, "%+v", late)
+	require.Equal(t, int64(2), late.Count, "as the later caller left it: 1 + floor(2 × 0.9)")
 	at(2100)
 	require.False(t, allow().Allowed, "the later window's count stands")
+	at(2900) // 1 + floor(2 × 0.1) + 1 fits 2
+	require.True(t, allow().Allowed)
+	at(2100) // the late caller in the same window
+	late = allow()
+	require.False(t, late.Allowed, "%+v", late)
+	require.Equal(t, int64(2), late.Count, "2 + floor(2 × 0.1) where the later caller counted, not 2 + floor(2 × 0.9)")
 }

@@ -34,13 +34,25 @@ type tableKey struct {
 	w, subs int64
 }
 
-// windowEntry holds the counts of a limit as they stood in window i; or,
-// under a key of no window (w and subs 0), FailLocal's slots of a
-// concurrency limit: per token, when its lease ends.
+// windowEntry holds the counts of a limit as they stood in window i, e ms
+// into it (FailLocal's; the deny cache keeps no e); or, under a key of no
+// window (w and subs 0), FailLocal's slots of a concurrency limit: per
+// token, when its lease ends.
 type windowEntry struct {
-	i int64
+	i, e int64
 	counts
 	slots map[string]time.Time
+}
+
+// later returns p, or the entry's position if the entry was counted later
+// (a caller that read the clock after p's counted first): a decision is
+// made there, not on counts that would forget it, nor at an earlier moment
+// that weighs the previous window more than that caller's did.
+func (e windowEntry) later(p position) position {
+	if e.i > p.i || e.i == p.i && e.e > p.e {
+		p.i, p.e = e.i, e.e
+	}
+	return p
 }
 
 // at returns the counts as they stand at p with no traffic since the entry
