@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,8 +139,19 @@ func clusterEnv(t *testing.T) newEnv {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return func(t *testing.T) env {
-		return env{client: c, clock: clock.NewFake(epoch), prefix: t.Name()}
+		return env{client: c, clock: clock.NewFake(epoch), prefix: sharedPrefix(t)}
 	}
+}
+
+// envs numbers the envs made on the Cluster, which every test of the
+// process shares.
+var envs atomic.Int64
+
+// sharedPrefix returns a prefix of t's own on a Redis that outlives it (the
+// shared Cluster): under -count, a test run again on the same fake clock
+// would find the keys of its runs before.
+func sharedPrefix(t *testing.T) string {
+	return fmt.Sprintf("%s-%d", t.Name(), envs.Add(1))
 }
 
 // limiterACL is what a Limiter's Redis ACL user is granted (docs/failure-modes.md
@@ -181,7 +193,7 @@ func aclClusterEnv(t *testing.T) newEnv {
 	limited := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "limiter", Password: "secret"})
 	t.Cleanup(func() { _ = limited.Close() })
 	return func(t *testing.T) env {
-		return env{client: admin, limited: limited, clock: clock.NewFake(epoch), prefix: "limited-" + t.Name()}
+		return env{client: admin, limited: limited, clock: clock.NewFake(epoch), prefix: "limited-" + sharedPrefix(t)}
 	}
 }
 

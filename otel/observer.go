@@ -237,9 +237,9 @@ func (o *Observer) attrs(name string) *policyAttrs {
 	return p
 }
 
-// ObserveCall records the Redis call of a Charge, a Refund, an Acquire, or
-// a decision whose caller left (Event.Left): its duration, with the
-// error's type, and an Acquire in AcquisitionsName. It implements
+// ObserveCall records the Redis call of a Charge, a Refund, a GiveBack, an
+// Acquire, or a decision whose caller left (Event.Left): its duration,
+// with the error's type, and an Acquire in AcquisitionsName. It implements
 // ratelimit.CallObserver. None is a decision: a refund's Results are a
 // decision already counted, and a caller who left got none.
 func (o *Observer) ObserveCall(ctx context.Context, e *ratelimit.Event) {
