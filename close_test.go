@@ -138,7 +138,7 @@ func testCloseSlotsRelease(t *testing.T, e env) {
 // Close ends a Wait's sleep at once, with ErrClosed.
 func TestCloseEndsWait(t *testing.T) {
 	e := miniredisEnv(t)
-	l := ratelimit.New(e.client, ratelimit.WithPrefix(e.prefix)) // real time: Wait sleeps for real
+	l := ratelimit.New(e.client, ratelimit.WithPrefix(e.prefix), ratelimit.WithTimeout(time.Minute)) // real time: Wait sleeps for real
 	ctx := context.Background()
 	limit := ratelimit.PerHour(1)
 	_, err := l.Allow(ctx, "u", limit)

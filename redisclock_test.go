@@ -352,7 +352,7 @@ func TestRedisClockRealServerACL(t *testing.T) {
 	}
 
 	limiterOnly := user("limiter")
-	res, err := ratelimit.New(limiterOnly).Allow(t.Context(), "acl", ratelimit.PerMinute(10))
+	res, err := ratelimit.New(limiterOnly, ratelimit.WithTimeout(time.Minute)).Allow(t.Context(), "acl", ratelimit.PerMinute(10))
 	require.NoError(t, err)
 	require.False(t, res.Degraded, "the rules allow the Limiter's commands")
 
