@@ -19,6 +19,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,6 +27,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,13 +55,56 @@ import (
 	"github.com/slidingwindow/ratelimit/rls"
 )
 
+// usage is what -h prints.
+const usage = `ratelimit-rls: a rate limit service for Envoy (envoy.service.ratelimit.v3)
+that reads envoyproxy/ratelimit's settings and configuration and decides
+with sliding windows on Redis or Valkey.
+
+Usage:
+  ratelimit-rls            serve, configured by the environment
+  ratelimit-rls -version   print the version and exit
+  ratelimit-rls -h         print this and exit
+
+Settings are the reference's environment variables (REDIS_URL, RUNTIME_ROOT,
+CONFIG_TYPE, ...) and ours (RLS_*): every one is in docs/envoy.md,
+https://github.com/slidingwindow/ratelimit/blob/main/docs/envoy.md
+`
+
 func main() {
+	fs := flag.NewFlagSet("ratelimit-rls", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	version := fs.Bool("version", false, "")
+	if err := fs.Parse(os.Args[1:]); err != nil || fs.NArg() > 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Print(usage)
+			return
+		}
+		if err == nil {
+			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		}
+		fmt.Fprintf(os.Stderr, "ratelimit-rls: %v\n\n%s", err, usage)
+		os.Exit(2)
+	}
+	if *version {
+		fmt.Println(versionLine())
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.LookupEnv, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// versionLine names the command's module version (as go install built
+// it; "(devel)" from a working tree) and its Go.
+func versionLine() string {
+	v := "(unknown)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v = bi.Main.Version
+	}
+	return fmt.Sprintf("ratelimit-rls %s %s", v, runtime.Version())
 }
 
 // run serves until ctx is done, with the settings env gives, logging to w.
@@ -138,8 +184,35 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 		serverOpts = append(serverOpts, rls.WithMetrics(metrics))
 	}
 	server := rls.NewServer(limiter, nil, serverOpts...)
-	watcher := &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, server: server, metrics: metrics, log: log}
-	watcher.poll()
+	var watcher *configWatcher
+	source := "files in " + s.configDir()
+	if s.configType == "GRPC_XDS_SOTW" {
+		source = fmt.Sprintf("xDS from %s as node %q", s.xds.url, s.xds.nodeID)
+		xds := newXDSClient(s.xds, server, metrics, log)
+		conn, err := xds.dial()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		xctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { xds.run(xctx, conn); close(done) }()
+		defer func() { cancel(); <-done }()
+		if !s.forceStart {
+			// as the reference: no port opens before the first
+			// configuration (FORCE_START_WITHOUT_INITIAL_CONFIG opens them
+			// at once)
+			log.Info("ratelimit-rls: waiting for the first configuration over xDS", "server", s.xds.url)
+			select {
+			case <-xds.first:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	} else {
+		watcher = &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, server: server, metrics: metrics, log: log}
+		watcher.poll()
+	}
 
 	grpcOpts := []grpc.ServerOption{}
 	if s.grpcTLS {
@@ -164,6 +237,9 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	}
 	healthy := &healthCheck{}
 	healthy.ok.Store(true)
+	if s.healthyWithConfig {
+		healthy.loaded = func() bool { return server.Config() != nil }
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthcheck", healthy)
 	mux.HandleFunc("POST /json", jsonHandler(server))
@@ -185,7 +261,15 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 		promSrv = &http.Server{Handler: pm, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, func() error { return serveHTTP(promSrv, promLn) })
 	}
-	log.Info("ratelimit-rls: serving", "grpc", grpcLn.Addr().String(), "http", httpLn.Addr().String(), "config", s.configDir())
+	// one line an operator sees at the default level, as the reference's
+	// "Listening for …" lines
+	if server.Config() == nil {
+		log.Warn("ratelimit-rls: serving with no configuration loaded: every call is UNAVAILABLE until one loads",
+			"grpc", grpcLn.Addr().String(), "http", httpLn.Addr().String(), "config", source)
+	} else {
+		log.Warn("ratelimit-rls: serving", "grpc", grpcLn.Addr().String(), "http", httpLn.Addr().String(), "config", source,
+			"domains", server.Config().Domains())
+	}
 
 	errc := make(chan error, len(servers))
 	for _, serve := range servers {
@@ -199,7 +283,9 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 			g.Stop()
 			return err
 		case <-ticker.C:
-			watcher.poll()
+			if watcher != nil {
+				watcher.poll()
+			}
 			continue
 		case <-ctx.Done():
 		}
@@ -341,12 +427,17 @@ func names(cert *x509.Certificate, san string) bool {
 }
 
 // healthCheck answers GET /healthcheck: OK while serving, 500 once
-// shutting down.
-type healthCheck struct{ ok atomic.Bool }
+// shutting down, and with loaded (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)
+// 500 until a configuration is loaded.
+type healthCheck struct {
+	ok     atomic.Bool
+	loaded func() bool
+}
 
-// ServeHTTP answers OK, or 500 once shutting down.
+// ServeHTTP answers OK, or 500 once shutting down or while a configuration
+// it needs is missing.
 func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	if !h.ok.Load() {
+	if !h.ok.Load() || h.loaded != nil && !h.loaded() {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
@@ -413,7 +504,7 @@ func (c *configWatcher) poll() {
 			if c.metrics != nil {
 				c.metrics.ConfigLoaded(err)
 			}
-			c.log.Error("ratelimit-rls: the configuration directory could not be read; the last good configuration stays", "error", err)
+			c.log.Error("ratelimit-rls: the configuration directory could not be read; "+kept(c.server), "error", err)
 		}
 		return
 	}
@@ -428,11 +519,20 @@ func (c *configWatcher) poll() {
 		c.metrics.ConfigLoaded(err)
 	}
 	if err != nil {
-		c.log.Error("ratelimit-rls: the configuration did not load; the last good one stays", "error", err)
+		c.log.Error("ratelimit-rls: the configuration did not load; "+kept(c.server), "error", err)
 		return
 	}
 	c.server.SetConfig(cfg)
 	c.log.Info("ratelimit-rls: configuration loaded", "dir", c.dir, "domains", cfg.Domains())
+}
+
+// kept says what serves after a configuration failed to load: the last
+// good one, or none.
+func kept(s *rls.Server) string {
+	if s.Config() == nil {
+		return "no configuration is loaded: every call is UNAVAILABLE"
+	}
+	return "the last good one stays"
 }
 
 // fingerprint returns a digest of the names and contents of files: what a

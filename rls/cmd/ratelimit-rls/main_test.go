@@ -100,6 +100,14 @@ func (s *syncBuffer) String() string {
 // waits until it serves.
 func start(t *testing.T, env ...string) *service {
 	t.Helper()
+	s := launch(t, env...)
+	s.waitHealthy(t)
+	return s
+}
+
+// launch starts the command as start does, without waiting.
+func launch(t *testing.T, env ...string) *service {
+	t.Helper()
 	root := t.TempDir()
 	s := &service{configDir: filepath.Join(root, "ratelimit", "config"), log: &syncBuffer{}}
 	require.NoError(t, os.MkdirAll(s.configDir, 0o755))
@@ -123,13 +131,19 @@ func start(t *testing.T, env ...string) *service {
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
 	})
+	return s
+}
+
+// waitHealthy waits until s's /healthcheck is OK.
+func (s *service) waitHealthy(t *testing.T) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get("http://" + s.httpAddr + "/healthcheck")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return s
+				return
 			}
 		}
 		if s.cmd.ProcessState != nil || time.Now().After(deadline) {
@@ -203,6 +217,28 @@ func TestService(t *testing.T) {
 	require.Equal(t, codes.Canceled, status.Code(err))
 }
 
+// -h and -version print and exit, and start nothing; anything else is
+// refused with the usage.
+func TestFlags(t *testing.T) {
+	run := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("-h")
+	require.NoError(t, err)
+	require.Contains(t, out, "Usage:")
+	out, err = run("-version")
+	require.NoError(t, err)
+	require.Regexp(t, `^ratelimit-rls \S+ go\S+\n$`, out)
+	out, err = run("serve")
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 2, exit.ExitCode())
+	require.Contains(t, out, `unexpected argument "serve"`)
+}
+
 // A changed configuration is used without a restart; a broken one is
 // logged, and the last good one stays.
 func TestConfigReload(t *testing.T) {
@@ -263,8 +299,15 @@ func TestSentinel(t *testing.T) {
 
 // mTLS, as Envoy Gateway uses it: a client with a certificate the CA signed
 // and the SAN asked for is served; one without a certificate, or with
-// another SAN, is refused.
+// another SAN, is refused. The CA under the reference's name, and under
+// Envoy Gateway's (which the reference does not read).
 func TestMutualTLS(t *testing.T) {
+	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT"} {
+		t.Run(name, func(t *testing.T) { testMutualTLS(t, name) })
+	}
+}
+
+func testMutualTLS(t *testing.T, caVar string) {
 	redisSrv := testredis.Start(t)
 	dir := t.TempDir()
 	ca := newCA(t)
@@ -276,7 +319,7 @@ func TestMutualTLS(t *testing.T) {
 	}
 	s := start(t, "REDIS_URL="+redisSrv.Addr, "GRPC_SERVER_USE_TLS=true",
 		"GRPC_SERVER_TLS_CERT="+write("server.crt", serverCert.certPEM), "GRPC_SERVER_TLS_KEY="+write("server.key", serverCert.keyPEM),
-		"GRPC_CLIENT_TLS_CACERT="+write("ca.crt", ca.certPEM), "GRPC_CLIENT_TLS_SAN=envoy.example")
+		caVar+"="+write("ca.crt", ca.certPEM), "GRPC_CLIENT_TLS_SAN=envoy.example")
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
 	dial := func(certs ...tls.Certificate) error {
@@ -291,6 +334,24 @@ func TestMutualTLS(t *testing.T) {
 	require.Error(t, dial(ca.issue(t, "other.example").pair(t)), "another SAN")
 	_, err := ask(context.Background(), s.client(t), desc("user", "plain"))
 	require.Error(t, err, "no TLS at all")
+}
+
+// HOST and GRPC_HOST of "::", as Envoy Gateway sets them: both families
+// served.
+func TestDualStack(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr, "HOST=::", "GRPC_HOST=::")
+	_, err := ask(context.Background(), s.client(t), desc("user", "v4"))
+	require.NoError(t, err, "IPv4")
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here (%v): IPv4 checked only", err)
+	}
+	ln.Close()
+	_, port, _ := net.SplitHostPort(s.grpcAddr)
+	v6 := &service{grpcAddr: net.JoinHostPort("::1", port)}
+	_, err = ask(context.Background(), v6.client(t), desc("user", "v6"))
+	require.NoError(t, err, "IPv6")
 }
 
 // fillUser sends the user ann's 2 a minute with the tenant acme, then ds,

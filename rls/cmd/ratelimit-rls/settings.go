@@ -44,33 +44,52 @@ type settings struct {
 	timeout                 time.Duration // ours: RLS_TIMEOUT
 	replicas                int           // ours: RLS_REPLICAS
 	configPoll              time.Duration // ours: RLS_CONFIG_POLL
-	notHonoured             []string      // the reference's variables set here that this service ignores
+	configType              string        // FILE, or GRPC_XDS_SOTW: see xds.go
+	forceStart              bool          // FORCE_START_WITHOUT_INITIAL_CONFIG
+	healthyWithConfig       bool          // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+	xds                     xdsSettings
+	notHonoured             []string // the reference's variables set here that this service ignores
 }
 
 // reference lists the variables of the reference's settings.go that this
 // service does not read: one of them set is named at start-up. It reads
 // the others (see readSettings and docs/envoy.md).
-var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE
-GRPC_MAX_CONNECTION_AGE_GRACE CONFIG_TYPE FORCE_START_WITHOUT_INITIAL_CONFIG CONFIG_GRPC_XDS_NODE_ID
-CONFIG_GRPC_XDS_NODE_METADATA CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
-CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS CONFIG_GRPC_XDS_SERVER_USE_TLS CONFIG_GRPC_XDS_CLIENT_TLS_CERT
-CONFIG_GRPC_XDS_CLIENT_TLS_KEY CONFIG_GRPC_XDS_SERVER_TLS_CACERT CONFIG_GRPC_XDS_SERVER_TLS_SAN
-XDS_CLIENT_BACKOFF_INITIAL_INTERVAL XDS_CLIENT_BACKOFF_MAX_INTERVAL XDS_CLIENT_BACKOFF_RANDOM_FACTOR
-XDS_CLIENT_BACKOFF_JITTER XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES USE_DOG_STATSD USE_DOG_STATSD_MOGRIFIERS
-USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL DISABLE_STATS PROMETHEUS_MAPPER_YAML
-PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES
-BACKEND_TYPE HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED REDIS_TLS_CLIENT_CERT REDIS_TLS_CLIENT_KEY
-REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW REDIS_PIPELINE_LIMIT
-REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE REDIS_PERSECOND_TYPE
-REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH
-REDIS_PERSECOND_SENTINEL_AUTH REDIS_PERSECOND_PIPELINE_WINDOW REDIS_PERSECOND_PIPELINE_LIMIT
+var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE USE_DOG_STATSD
+USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL
+DISABLE_STATS PROMETHEUS_MAPPER_YAML PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
+EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE REDIS_TLS_CLIENT_CERT
+REDIS_TLS_CLIENT_KEY REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW
+REDIS_PIPELINE_LIMIT REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE
+REDIS_PERSECOND_TYPE REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH
+REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH REDIS_PERSECOND_SENTINEL_AUTH
+REDIS_PERSECOND_PIPELINE_WINDOW REDIS_PERSECOND_PIPELINE_LIMIT
 REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM REDIS_HEALTH_CHECK_ACTIVE_CONNECTION REDIS_TIMEOUT
 REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR
-REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME MEMCACHE_HOST_PORT
-MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS MEMCACHE_TLS_CLIENT_CERT
-MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE
-RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE
-TRACING_SERVICE_INSTANCE_ID TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
+REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME
+MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS
+MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT
+MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG
+TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID
+TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
+
+// followedWhenFalse are the reference's switches that this service
+// follows when they are false: it sends no statsd, no traces and no
+// dynamic metadata, and reads one Redis.
+var followedWhenFalse = map[string]bool{"USE_STATSD": true, "USE_DOG_STATSD": true, "TRACING_ENABLED": true,
+	"RESPONSE_DYNAMIC_METADATA": true, "REDIS_PERSECOND": true}
+
+// pairs reads a list such as "a=1,b=2" (sep "="), as the reference reads
+// its node metadata and its extra headers: an entry without sep is
+// skipped.
+func pairs(list, sep string) map[string]string {
+	m := map[string]string{}
+	for _, entry := range strings.Split(list, ",") {
+		if k, v, ok := strings.Cut(entry, sep); ok {
+			m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
 
 // readSettings reads the settings from env (os.LookupEnv), with the
 // reference's defaults; a value that does not parse is an error naming
@@ -134,13 +153,47 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		usePrometheus: flag("USE_PROMETHEUS", false), prometheusAddr: str("PROMETHEUS_ADDR", ":9090"),
 		prometheusPath: str("PROMETHEUS_PATH", "/metrics"),
 		grpcTLS:        flag("GRPC_SERVER_USE_TLS", false), grpcCert: str("GRPC_SERVER_TLS_CERT", ""),
-		grpcKey: str("GRPC_SERVER_TLS_KEY", ""), grpcClientCA: str("GRPC_CLIENT_TLS_CACERT", ""),
+		grpcKey: str("GRPC_SERVER_TLS_KEY", ""), grpcClientCA: str("GRPC_CLIENT_TLS_CACERT", str("GRPC_SERVER_TLS_CA_CERT", "")),
 		grpcClientSAN:          str("GRPC_CLIENT_TLS_SAN", ""),
 		stopIncrementOverLimit: flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false),
 		failurePolicy:          strings.ToLower(str("RLS_FAILURE_POLICY", "unavailable")),
 		timeout:                dur("RLS_TIMEOUT", 100*time.Millisecond),
 		replicas:               num("RLS_REPLICAS", 1),
 		configPoll:             dur("RLS_CONFIG_POLL", time.Second),
+		configType:             strings.ToUpper(str("CONFIG_TYPE", "FILE")),
+		forceStart:             flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false),
+		healthyWithConfig:      flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false),
+		xds: xdsSettings{
+			url: str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"), nodeID: str("CONFIG_GRPC_XDS_NODE_ID", "default"),
+			nodeMetadata:   pairs(str("CONFIG_GRPC_XDS_NODE_METADATA", ""), "="),
+			headers:        pairs(str("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ""), ":"),
+			connectRetry:   dur("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", 3*time.Second),
+			useTLS:         flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false),
+			clientCert:     str("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", ""),
+			clientKey:      str("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", ""),
+			serverCA:       str("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ""),
+			serverSAN:      str("CONFIG_GRPC_XDS_SERVER_TLS_SAN", ""),
+			backoffInitial: dur("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", 10*time.Second),
+			backoffMax:     dur("XDS_CLIENT_BACKOFF_MAX_INTERVAL", 60*time.Second),
+			backoffJitter:  flag("XDS_CLIENT_BACKOFF_JITTER", true),
+			maxMsgSize:     num("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", 0),
+		},
+	}
+	s.xds.backoffFactor = 0.5
+	if v, ok := env("XDS_CLIENT_BACKOFF_RANDOM_FACTOR"); ok && v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r < 0 || r > 1 {
+			errs = append(errs, fmt.Sprintf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q is not a ratio between 0 and 1", v))
+		}
+		s.xds.backoffFactor = r
+	}
+	switch s.configType {
+	case "FILE", "GRPC_XDS_SOTW":
+	default:
+		errs = append(errs, fmt.Sprintf("CONFIG_TYPE=%q is not FILE or GRPC_XDS_SOTW", s.configType))
+	}
+	if (s.xds.clientCert == "") != (s.xds.clientKey == "") {
+		errs = append(errs, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together")
 	}
 	s.nearLimitRatio = 0.8
 	if v, ok := env("NEAR_LIMIT_RATIO"); ok && v != "" {
@@ -169,7 +222,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		errs = append(errs, "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 	}
 	for _, name := range reference {
-		if v, ok := env(name); ok && v != "" {
+		v, ok := env(name)
+		if off, err := strconv.ParseBool(v); ok && v != "" && !(followedWhenFalse[name] && err == nil && !off) {
 			s.notHonoured = append(s.notHonoured, name)
 		}
 	}

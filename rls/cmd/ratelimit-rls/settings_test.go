@@ -45,6 +45,10 @@ func TestSettingsErrors(t *testing.T) {
 		{"RLS_FAILURE_POLICY=sometimes", "RLS_FAILURE_POLICY"},
 		{"RLS_TIMEOUT=soon", "RLS_TIMEOUT"},
 		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT"},
+		{"CONFIG_TYPE=REST", "CONFIG_TYPE"},
+		{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR=2", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
+		{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=3", "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"},
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/tls.crt", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"},
 	} {
 		_, err := readSettings(env(tc.v))
 		require.ErrorContains(t, err, tc.says, tc.v)
@@ -52,4 +56,31 @@ func TestSettingsErrors(t *testing.T) {
 	s, err := readSettings(env("REDIS_TYPE=cluster", "REDIS_PIPELINE_WINDOW=150us", "MERGE_DOMAIN_CONFIG=true", "REDIS_URL=a:1"))
 	require.NoError(t, err, "REDIS_TYPE in any case")
 	require.Equal(t, []string{"MERGE_DOMAIN_CONFIG", "REDIS_PIPELINE_WINDOW"}, s.notHonoured)
+
+	// a switch whose false this service follows is honoured set to false
+	s, err = readSettings(env("USE_STATSD=false", "TRACING_ENABLED=false", "USE_DOG_STATSD=true"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"USE_DOG_STATSD"}, s.notHonoured)
+}
+
+// The xDS settings, with the reference's defaults and Envoy Gateway's
+// values; Envoy Gateway's name of the client CA.
+func TestXDSSettings(t *testing.T) {
+	s, err := readSettings(env())
+	require.NoError(t, err)
+	require.Equal(t, "FILE", s.configType)
+	require.Equal(t, xdsSettings{url: "localhost:18000", nodeID: "default", nodeMetadata: map[string]string{}, headers: map[string]string{},
+		connectRetry: 3 * time.Second, backoffInitial: 10 * time.Second, backoffMax: time.Minute, backoffFactor: 0.5, backoffJitter: true}, s.xds)
+
+	s, err = readSettings(env("CONFIG_TYPE=grpc_xds_sotw", "CONFIG_GRPC_XDS_SERVER_URL=envoy-gateway:18001",
+		"CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA=a=1,b=x=y,c",
+		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS=k:v", "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"))
+	require.NoError(t, err)
+	require.Equal(t, "GRPC_XDS_SOTW", s.configType)
+	require.True(t, s.forceStart)
+	require.Equal(t, map[string]string{"a": "1", "b": "x=y"}, s.xds.nodeMetadata)
+	require.Equal(t, map[string]string{"k": "v"}, s.xds.headers)
+	require.Equal(t, "/certs/ca.crt", s.grpcClientCA, "Envoy Gateway's GRPC_SERVER_TLS_CA_CERT verifies clients")
+	require.Empty(t, s.notHonoured)
 }

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
+)
+
+// management is an xDS management server as Envoy Gateway runs one:
+// go-control-plane's server on a snapshot cache, in the test's process.
+type management struct {
+	addr  string
+	cache cachev3.SnapshotCache
+	g     *grpc.Server
+
+	mu   sync.Mutex
+	reqs []*discovery.DiscoveryRequest // every request the service sent, in order
+}
+
+// startManagement serves on addr ("127.0.0.1:0" for any port) with opts.
+func startManagement(t *testing.T, addr string, opts ...grpc.ServerOption) *management {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	for range 100 { // the port of a management server stopped a moment ago
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the kernel releasing the port
+	}
+	require.NoError(t, err)
+	m := &management{addr: ln.Addr().String(), cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
+	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, r *discovery.DiscoveryRequest) error {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.reqs = append(m.reqs, proto.Clone(r).(*discovery.DiscoveryRequest))
+		return nil
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.g = grpc.NewServer(opts...)
+	discovery.RegisterAggregatedDiscoveryServiceServer(m.g, serverv3.NewServer(ctx, m.cache, cb))
+	go func() { _ = m.g.Serve(ln) }()
+	t.Cleanup(func() { m.g.Stop(); cancel() })
+	return m
+}
+
+// push sets the snapshot of node envoy-ratelimit (Envoy Gateway's) to
+// version, of configs.
+func (m *management) push(t *testing.T, version string, configs ...*rlsconf.RateLimitConfig) {
+	t.Helper()
+	res := make([]types.Resource, len(configs))
+	for i, c := range configs {
+		res[i] = c
+	}
+	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: res})
+	require.NoError(t, err)
+	require.NoError(t, m.cache.SetSnapshot(context.Background(), "envoy-ratelimit", snap))
+}
+
+// requests returns what the service has sent so far.
+func (m *management) requests() []*discovery.DiscoveryRequest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*discovery.DiscoveryRequest(nil), m.reqs...)
+}
+
+// acked reports whether the service acknowledged version.
+func (m *management) acked(version string) bool {
+	for _, r := range m.requests() {
+		if r.GetResponseNonce() != "" && r.GetVersionInfo() == version && r.GetErrorDetail() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// apiConfig is the tests' file config as a pushed resource, the tenant's
+// rate tenantRate.
+func apiConfig(tenantRate uint32) *rlsconf.RateLimitConfig {
+	return &rlsconf.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlsconf.RateLimitDescriptor{
+		{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 2}},
+		{Key: "tenant", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: tenantRate}},
+	}}
+}
+
+// xdsEnv is the environment of a service configured over xDS from m, with
+// waits short enough for a test.
+func xdsEnv(addr string, more ...string) []string {
+	return append([]string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + addr,
+		"CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit", "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=50ms",
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=200ms"}, more...)
+}
+
+// tenantLimit returns the tenant's rate as the service's answer reports
+// it, 0 for no rule, and 1<<32-1 for no answer.
+func tenantLimit(t *testing.T, s *service) uint32 {
+	t.Helper()
+	r, err := ask(context.Background(), s.client(t), desc("tenant", "xds"))
+	if err != nil {
+		return 1<<32 - 1
+	}
+	return r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit()
+}
+
+// Configuration pushed over xDS: applied and acknowledged without a
+// restart; a configuration that does not load refused (a NACK with the
+// last good version, the nonce and the error) while the last good one
+// stays, the snapshot cache's re-sends of it refused without a log line
+// each; a good one after it applied; an empty one unloads every domain.
+func TestXDSPushes(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	m := startManagement(t, "127.0.0.1:0")
+	m.push(t, "1", apiConfig(100))
+	s := start(t, xdsEnv(m.addr, "REDIS_URL="+redisSrv.Addr)...)
+	require.Equal(t, uint32(100), tenantLimit(t, s))
+	require.Contains(t, s.log.String(), `config="xDS from `+m.addr+` as node \"envoy-ratelimit\""`, "the start-up line names the source")
+	waitFor(t, "the ACK of version 1", func() bool { return m.acked("1") })
+
+	pushed := time.Now()
+	m.push(t, "2", apiConfig(500))
+	waitFor(t, "version 2 applied", func() bool { return tenantLimit(t, s) == 500 })
+	t.Logf("from a push to the first answer under it: %v", time.Since(pushed))
+	waitFor(t, "the ACK of version 2", func() bool { return m.acked("2") })
+
+	broken := apiConfig(7)
+	broken.Domain = ""
+	m.push(t, "3", broken)
+	var nacks []*discovery.DiscoveryRequest
+	waitFor(t, "version 3 refused again after its NACK", func() bool {
+		nacks = nacks[:0]
+		for _, r := range m.requests() {
+			if r.GetErrorDetail() != nil {
+				nacks = append(nacks, r)
+			}
+		}
+		return len(nacks) >= 3
+	})
+	for _, n := range nacks {
+		require.Equal(t, "2", n.GetVersionInfo(), "a NACK names the version applied last")
+		require.NotEmpty(t, n.GetResponseNonce())
+		require.Contains(t, n.GetErrorDetail().GetMessage(), "config file cannot have empty domain")
+	}
+	require.Equal(t, uint32(500), tenantLimit(t, s), "the last good configuration stays")
+	require.Equal(t, 1, strings.Count(s.log.String(), "did not load"), "a refused version sent again is logged once")
+	require.False(t, m.acked("3"))
+
+	m.push(t, "4", apiConfig(42))
+	waitFor(t, "version 4 applied after the refused one", func() bool { return tenantLimit(t, s) == 42 })
+
+	m.push(t, "5")
+	waitFor(t, "every domain unloaded", func() bool { return tenantLimit(t, s) == 0 })
+	waitFor(t, "the ACK of version 5", func() bool { return m.acked("5") })
+}
+
+// Start-up as the reference: without FORCE_START_WITHOUT_INITIAL_CONFIG no
+// port opens before the first configuration; with it, /healthcheck is OK
+// at once and each call is UNAVAILABLE until a configuration comes. The
+// stream is opened again when the management server comes back.
+func TestXDSStartAndReconnect(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	m := startManagement(t, "127.0.0.1:0")
+	waiting := launch(t, xdsEnv(m.addr, "REDIS_URL="+redisSrv.Addr)...)
+	waitFor(t, "the service asking for its configuration", func() bool { return len(m.requests()) > 0 })
+	_, err := http.Get("http://" + waiting.httpAddr + "/healthcheck")
+	require.Error(t, err, "no port before the first configuration")
+	require.Contains(t, waiting.log.String(), "waiting for the first configuration over xDS")
+	m.push(t, "1", apiConfig(100))
+	waiting.waitHealthy(t)
+	require.Equal(t, uint32(100), tenantLimit(t, waiting))
+
+	// FORCE_START, with the management server down
+	addr := m.addr
+	m.g.Stop()
+	forced := start(t, xdsEnv(addr, "REDIS_URL="+redisSrv.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")...)
+	require.Contains(t, forced.log.String(), "serving with no configuration loaded")
+	_, err = ask(context.Background(), forced.client(t), desc("tenant", "xds"))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "no rate limit configuration loaded")
+
+	// the management server back on its address, with a new version: both
+	// services connect again and apply it
+	back := startManagement(t, addr)
+	back.push(t, "2", apiConfig(300))
+	waitFor(t, "the forced service configured", func() bool { return tenantLimit(t, forced) == 300 })
+	waitFor(t, "the first service configured again", func() bool { return tenantLimit(t, waiting) == 300 })
+}
+
+// Envoy Gateway's TLS: RSA certificates with PKCS#1 keys and no extended
+// key usage, one pair for the service's client; a management server that
+// wants TLS 1.3 and a client certificate. The server's name is checked.
+func TestXDSMutualTLS(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	ca := newRSACA(t)
+	serverPEM, serverKey := ca.issue(t, "envoy-gateway")
+	clientPEM, clientKey := ca.issue(t, "envoy-ratelimit")
+	serverPair, err := tls.X509KeyPair(serverPEM, serverKey)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	m := startManagement(t, "127.0.0.1:0", grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverPair},
+		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13})))
+	m.push(t, "1", apiConfig(100))
+	tlsEnv := []string{"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + write("ca.crt", ca.certPEM),
+		"CONFIG_GRPC_XDS_SERVER_TLS_SAN=envoy-gateway"}
+	s := start(t, xdsEnv(m.addr, append(tlsEnv, "REDIS_URL="+redisSrv.Addr,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+write("tls.crt", clientPEM), "CONFIG_GRPC_XDS_CLIENT_TLS_KEY="+write("tls.key", clientKey))...)...)
+	require.Equal(t, uint32(100), tenantLimit(t, s))
+
+	// without a client certificate: never configured
+	noCert := start(t, xdsEnv(m.addr, append(tlsEnv, "REDIS_URL="+redisSrv.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")...)...)
+	waitFor(t, "the refused handshake logged", func() bool { return strings.Contains(noCert.log.String(), "xDS stream ended or did not open") })
+	_, err = ask(context.Background(), noCert.client(t), desc("tenant", "xds"))
+	require.Equal(t, codes.Unavailable, status.Code(err))
+}
+
+// rsaCA is a certificate authority as Envoy Gateway's: RSA, its
+// certificates' keys PKCS#1.
+type rsaCA struct {
+	cert    *x509.Certificate
+	key     *rsa.PrivateKey
+	certPEM []byte
+}
+
+func newRSACA(t *testing.T) rsaCA {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "envoy-gateway CA"}, IsCA: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return rsaCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns a certificate for the DNS name san, with no extended key
+// usage, and its PKCS#1 key.
+func (c rsaCA) issue(t *testing.T, san string) (certPEM, keyPEM []byte) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: san},
+		DNSNames: []string{san}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+	require.NoError(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+}
+
+// The pushed resources load as the files they stand for: one loader, the
+// same rules and the same errors.
+func TestLoadXDS(t *testing.T) {
+	anyOf := func(cs ...*rlsconf.RateLimitConfig) *discovery.DiscoveryResponse {
+		resp := &discovery.DiscoveryResponse{TypeUrl: configTypeURL}
+		for _, c := range cs {
+			a, err := anypb.New(c)
+			require.NoError(t, err)
+			resp.Resources = append(resp.Resources, a)
+		}
+		return resp
+	}
+	full := &rlsconf.RateLimitConfig{Name: "gw", Domain: "default/eg/http", Descriptors: []*rlsconf.RateLimitDescriptor{{
+		Key: "httproute/default/route/rule/0/match/0", Value: "httproute/default/route/rule/0/match/0",
+		Descriptors: []*rlsconf.RateLimitDescriptor{{
+			Key: "rule-0-match-0", ShadowMode: true, DetailedMetric: true,
+			RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 10, Name: "quota",
+				Replaces: []*rlsconf.RateLimitReplace{{Name: "other"}}},
+		}},
+	}, {Key: "open", RateLimit: &rlsconf.RateLimitPolicy{Unlimited: true}}}}
+	cfg, err := loadXDS(anyOf(full))
+	require.NoError(t, err)
+	require.Equal(t, []string{"default/eg/http"}, cfg.Domains())
+
+	_, err = loadXDS(anyOf(apiConfig(1), apiConfig(2)))
+	require.ErrorContains(t, err, "duplicate domain 'api'")
+	bad := apiConfig(1)
+	bad.Descriptors[0].RateLimit.Unit = rlsconf.RateLimitUnit_UNKNOWN
+	_, err = loadXDS(anyOf(bad))
+	require.ErrorContains(t, err, "api:")
+	resp := anyOf(apiConfig(1))
+	resp.TypeUrl = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	_, err = loadXDS(resp)
+	require.ErrorContains(t, err, "subscribes to")
+	empty, err := loadXDS(anyOf())
+	require.NoError(t, err)
+	require.Empty(t, empty.Domains())
+}
