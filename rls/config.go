@@ -62,39 +62,23 @@ type Rule struct {
 // a request's entry, the next level, and a rule.
 type node struct {
 	children       map[string]*node // by key_value, or key for a default
-	wildcards      []wildcard       // the children whose value holds a *
+	wildcards      []wildcard       // the children whose value ends with a *
 	rule           *Rule
 	valueToMetric  bool
 	shareThreshold bool
 	pattern        string // the node's value, with its *, when shareThreshold
 }
 
-// wildcard is a child whose key_value holds a '*': each '*' matches any
-// run of bytes.
+// wildcard is a child whose key_value ends with a '*', which matches any
+// run of bytes; a '*' elsewhere is itself, as in the reference (v1.4.1,
+// which Envoy Gateway runs).
 type wildcard struct {
-	key   string   // key_value, as in children
-	parts []string // key_value split at each '*'
+	key    string // key_value, as in children
+	prefix string // key_value without its last '*'
 }
 
 // match reports whether s, a request's key_value, matches w.
-func (w wildcard) match(s string) bool {
-	p := w.parts
-	if len(p) == 1 {
-		return p[0] == s
-	}
-	if len(s) < len(p[0])+len(p[len(p)-1]) || !strings.HasPrefix(s, p[0]) || !strings.HasSuffix(s, p[len(p)-1]) {
-		return false
-	}
-	s = s[len(p[0]) : len(s)-len(p[len(p)-1])]
-	for _, part := range p[1 : len(p)-1] {
-		i := strings.Index(s, part)
-		if i < 0 {
-			return false
-		}
-		s = s[i+len(part):]
-	}
-	return true
-}
+func (w wildcard) match(s string) bool { return strings.HasPrefix(s, w.prefix) }
 
 // units are the reference's units, by name, with their lengths: a month is
 // 30 days and a year 365, as the reference counts them.
@@ -363,14 +347,15 @@ func (n *node) loadDescriptors(parentKey string, ds []yamlDescriptor, fail func(
 			}
 			child.rule = rule
 		}
+		wild := strings.HasSuffix(finalKey, "*")
 		if d.ShareThreshold {
-			if !strings.Contains(finalKey, "*") {
-				return fail(at, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
+			if !wild {
+				return fail(at, "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", finalKey)
 			}
 			child.pattern = d.Value
 		}
-		if strings.Contains(finalKey, "*") {
-			n.wildcards = append(n.wildcards, wildcard{key: finalKey, parts: strings.Split(finalKey, "*")})
+		if wild {
+			n.wildcards = append(n.wildcards, wildcard{key: finalKey, prefix: strings.TrimSuffix(finalKey, "*")})
 		}
 		if err := child.loadDescriptors(fullKey+".", d.Descriptors, fail); err != nil {
 			return err

@@ -76,11 +76,16 @@ descriptors:
       unit: hour
       requests_per_unit: 50
   - key: user
-    value: team-*-admin
+    value: team-*
     share_threshold: true
     rate_limit:
       unit: minute
       requests_per_unit: 5
+  - key: role
+    value: a*b
+    rate_limit:
+      unit: minute
+      requests_per_unit: 6
   - key: client
     detailed_metric: true
     rate_limit:
@@ -115,8 +120,9 @@ func TestMatch(t *testing.T) {
 		{"a parent without a rule", desc("header_match", "only-children"), 0, "", ""},
 		{"a node with neither rule nor children", desc("nothing", "here"), 0, "", ""},
 		{"a wildcard", desc("path", "/api/v1/users"), 50, "edge_proxy_per_ip.path_/api/*", "edge_proxy_per_ip|path=/api/v1/users"},
-		{"a wildcard's values share a count with share_threshold", desc("user", "team-7-admin"), 5, "edge_proxy_per_ip.user_team-*-admin", "edge_proxy_per_ip|user=team-*-admin"},
-		{"a wildcard in the middle", desc("user", "team-7-user"), 0, "", ""},
+		{"a wildcard's values share a count with share_threshold", desc("user", "team-7-admin"), 5, "edge_proxy_per_ip.user_team-*", "edge_proxy_per_ip|user=team-*"},
+		{"a * in the middle is itself, as in the reference", desc("role", "a*b"), 6, "edge_proxy_per_ip.role_a*b", "edge_proxy_per_ip|role=a*b"},
+		{"and no wildcard", desc("role", "axb"), 0, "", ""},
 		{"detailed_metric names the values", desc("client", "acme"), 1000, "edge_proxy_per_ip.client_acme", "edge_proxy_per_ip|client=acme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,7 +189,7 @@ func TestLoadErrors(t *testing.T) {
 		{"invalid unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "config.yaml:3: invalid rate limit unit 'fortnight'"},
 		{"replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}\n", "config.yaml:3: replaces should not contain name of same descriptor"},
 		{"replaces nothing", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "config.yaml:3: should not have an empty replaces entry"},
-		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "config.yaml:3: share_threshold can only be used with wildcard values (containing '*'), but found key 'a_b'"},
+		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "config.yaml:3: share_threshold can only be used with wildcard values (ending with '*'), but found key 'a_b'"},
 		{"not YAML", "domain: [", "config.yaml: error loading config file"},
 		{"a list of scalars", "domain: d\ndescriptors:\n  - a\n", "config.yaml:3: config error, yaml file contains list of type other than map: a"},
 		{"a negative rate", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "config.yaml:4: error loading config file"},

@@ -173,28 +173,39 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		return nil, err
 	}
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
-	var nearest *pb.RateLimitResponse_DescriptorStatus
+	var binding *pb.RateLimitResponse_DescriptorStatus
+	var degraded *Rule // the first descriptor the failure policy decided
 	for i, d := range ds {
 		st := s.status(d, quotas, results)
 		resp.Statuses[i] = st
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
-		// the headers' descriptor, as the reference picks it: the last one
-		// over its limit, else the first of the least remaining
-		if st.CurrentLimit != nil && !d.negative && (nearest == nil || st.Code == pb.RateLimitResponse_OVER_LIMIT ||
-			nearest.Code != pb.RateLimitResponse_OVER_LIMIT && st.LimitRemaining < nearest.LimitRemaining) {
-			nearest = st
+		if st.CurrentLimit != nil && !d.negative && (binding == nil || binds(st, binding)) {
+			binding = st
+		}
+		if degraded == nil && d.decidedInRedis() && results[d.quota].Degraded {
+			degraded = d.match.Rule
 		}
 		if m := s.opts.metrics; m != nil && d.match != nil && !d.negative {
 			m.hits(req.GetDomain(), d, quotas, results, s.opts.nearRatio)
 		}
 	}
-	if s.opts.limitH != "" && nearest != nil {
+	switch {
+	case s.opts.limitH == "":
+	case binding != nil:
 		resp.ResponseHeadersToAdd = []*core.HeaderValue{
-			{Key: s.opts.limitH, Value: strconv.FormatUint(uint64(nearest.CurrentLimit.GetRequestsPerUnit()), 10)},
-			{Key: s.opts.remainingH, Value: strconv.FormatUint(uint64(nearest.LimitRemaining), 10)},
-			{Key: s.opts.resetH, Value: strconv.FormatInt(ceilSeconds(nearest.DurationUntilReset.AsDuration()), 10)},
+			{Key: s.opts.limitH, Value: strconv.FormatUint(uint64(binding.CurrentLimit.GetRequestsPerUnit()), 10)},
+			{Key: s.opts.remainingH, Value: strconv.FormatUint(uint64(binding.LimitRemaining), 10)},
+		}
+		if binding.DurationUntilReset != nil { // none for a request that can never pass
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+				&core.HeaderValue{Key: s.opts.resetH, Value: strconv.FormatInt(ceilSeconds(binding.DurationUntilReset.AsDuration()), 10)})
+		}
+	case degraded != nil:
+		// Redis did not decide: the limit is known, the counts are not
+		resp.ResponseHeadersToAdd = []*core.HeaderValue{
+			{Key: s.opts.limitH, Value: strconv.FormatUint(uint64(degraded.RequestsPerUnit), 10)},
 		}
 	}
 	if s.opts.shadow && resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
@@ -204,6 +215,22 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		}
 	}
 	return resp, nil
+}
+
+// binds reports whether status a, rather than b, is the one the headers
+// describe, as ratelimit.Binding picks a Result: one over its limit
+// before one within it; of two over, the longer wait (none, a request
+// that can never pass, is the longest); of two within, the fewer
+// remaining; ties go to the first.
+func binds(a, b *pb.RateLimitResponse_DescriptorStatus) bool {
+	aOver, bOver := a.Code == pb.RateLimitResponse_OVER_LIMIT, b.Code == pb.RateLimitResponse_OVER_LIMIT
+	switch {
+	case aOver != bOver:
+		return aOver
+	case aOver:
+		return b.DurationUntilReset != nil && (a.DurationUntilReset == nil || a.DurationUntilReset.AsDuration() > b.DurationUntilReset.AsDuration())
+	}
+	return a.LimitRemaining < b.LimitRemaining
 }
 
 // check refuses a request the service cannot decide: INVALID_ARGUMENT,
@@ -249,8 +276,11 @@ func (d *descriptor) decidedInRedis() bool {
 
 // quotasOf returns the quotas of ds's descriptors decided in Redis, and
 // sets each one's quota: two descriptors of one id and window are one
-// quota of their hits together, as the reference's two INCRBYs of one key,
-// at the stricter of their rules.
+// quota of their hits together, as the reference's two INCRBYs of one key.
+// Each descriptor is checked, as the reference checks each INCRBY's
+// result, against its own rule with the hits up to its own: the quota's
+// rate is the tightest of rate + cost − upTo over its descriptors, a rule
+// in shadow mode left out beside one that is not (it decides nothing).
 func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 	var quotas []ratelimit.Quota
 	for i := range ds {
@@ -261,13 +291,9 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 		limit := d.match.Rule.Limit
 		for q := range quotas {
 			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict {
-				// one count: decided at the stricter of the two rules (an
-				// override beside the configured rule), each descriptor's
-				// status against its own
 				d.quota = q
 				o.Cost = min(o.Cost+d.hits, MaxHits)
 				d.upTo = o.Cost
-				o.Limit.Rate = min(o.Limit.Rate, limit.Rate)
 				o.Limit.Shadow = o.Limit.Shadow && limit.Shadow
 				o.Limit.Leased = o.Limit.Leased && limit.Leased
 				break
@@ -280,6 +306,24 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 	}
 	if len(quotas) > MaxLimited {
 		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors match rate limits, more than %d", len(quotas), MaxLimited)
+	}
+	rates := make([]int64, len(quotas)) // 0 until a descriptor sets it
+	for i := range ds {
+		d := &ds[i]
+		if d.quota < 0 {
+			continue
+		}
+		q := &quotas[d.quota]
+		if d.match.Rule.Limit.Shadow && !q.Limit.Shadow {
+			continue
+		}
+		r := min(d.match.Rule.Limit.Rate+q.Cost-d.upTo, maxRate(q.Limit.Window))
+		if rates[d.quota] == 0 || r < rates[d.quota] {
+			rates[d.quota] = r
+		}
+	}
+	for q := range quotas {
+		quotas[q].Limit.Rate = rates[q]
 	}
 	return quotas, nil
 }
@@ -353,7 +397,10 @@ func statusOf(ctx context.Context, err error) error {
 // nothing; OK with the most remaining for an unlimited one; otherwise
 // whether its own limit admits the request, its limit, what remains (0
 // when over) and the wait: until the request would pass when over, until
-// the count is 0 when not.
+// the count is 0 when not. A request that can never pass (a rule of 0, or
+// more hits than the rate) has no wait: no time a client would retry at.
+// A descriptor the failure policy decided (Redis could not) has its code
+// only: no limit, remaining or wait, which would be made up.
 func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []ratelimit.Result) *pb.RateLimitResponse_DescriptorStatus {
 	if d.match == nil {
 		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -369,11 +416,15 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 	switch {
 	case d.negative:
 		st.DurationUntilReset = durationpb.New(0)
-	case r.Limit.Rate == 0: // a rule of 0 requests
+	case r.Limit.Rate == 0: // a rule of 0 requests: never
 		if d.hits > 0 && !r.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 		}
-		st.DurationUntilReset = durationpb.New(0)
+	case results[d.quota].Degraded:
+		if _, isOver, _ := d.view(quotas, results); isOver && !r.Shadow {
+			st.Code = pb.RateLimitResponse_OVER_LIMIT
+		}
+		st.CurrentLimit = nil
 	default:
 		res := results[d.quota]
 		_, isOver, remaining := d.view(quotas, results)
@@ -386,11 +437,13 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 			if r.Shadow {
 				st.Code = pb.RateLimitResponse_OK
 			}
+			if d.upTo > r.Limit.Rate { // more hits than the rule ever admits
+				wait = ratelimit.InfDuration
+			}
 		}
-		if wait == ratelimit.InfDuration {
-			wait = r.Limit.Window
+		if wait != ratelimit.InfDuration {
+			st.DurationUntilReset = durationpb.New(wait)
 		}
-		st.DurationUntilReset = durationpb.New(wait)
 	}
 	return st
 }

@@ -339,3 +339,100 @@ func TestMetricLabels(t *testing.T) {
 	require.Equal(t, []string{"edge", "remote_address_10_0_0_1", "path_x"}, metricLabels("edge", "edge.remote_address_10.0.0.1.path_x.more"))
 	require.Equal(t, []string{"d", "k_a_b_c", ""}, metricLabels("d", "d.k_a:b|c"))
 }
+
+// The same entries twice in a request, once matching a rule in shadow mode
+// and once with their own limit (Envoy's override): the override limits
+// the request, the shadow rule beside it decides nothing. (The two were
+// once one quota at the shadow rule's rate, which 2 hits never fit:
+// nothing was counted and every request passed.)
+func TestShadowRuleBesideOverride(t *testing.T) {
+	f := newFixture(t)
+	over := desc("trial", "t")
+	over.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 2} // a minute
+	var codes []pb.RateLimitResponse_Code
+	for range 4 {
+		r := f.ask(t, 0, desc("trial", "t"), over)
+		codes = append(codes, r.OverallCode)
+		require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code, "a shadow rule's status is OK")
+		require.Equal(t, r.OverallCode, r.Statuses[1].Code)
+	}
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OK, pb.RateLimitResponse_OK,
+		pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OVER_LIMIT}, codes, "2 hits a request against 5")
+}
+
+// Two rules of one count, each checked with the hits up to its own, as
+// the reference checks each INCRBY's result: the first descriptor's rule
+// of 1 admits the request's first hit, not its second.
+func TestRulesInOrder(t *testing.T) {
+	f := newFixture(t)
+	f.s.SetConfig(load(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`))
+	over := desc("user", "ann")
+	over.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 2}
+	r := f.ask(t, 0, desc("user", "ann"), over)
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "1 of 1, then 2 of 5")
+	r = f.ask(t, 0, desc("user", "ann"), over)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code, "3 of 1")
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[1].Code, "4 of 5")
+}
+
+// headers returns the response headers of r by name.
+func headers(r *pb.RateLimitResponse) map[string]string {
+	got := map[string]string{}
+	for _, h := range r.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	return got
+}
+
+// No wait that invites useless retries: a request that can never pass (a
+// rule of 0 requests, or more hits than the rate) has no reset; a request
+// over a per-second and an hourly limit reports the hourly one, the wait
+// that binds (ratelimit.Binding).
+func TestWaits(t *testing.T) {
+	f := newFixture(t, WithResponseHeaders("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"))
+	f.s.SetConfig(load(t, `
+domain: api
+descriptors:
+  - key: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: sec
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: hour
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`))
+	r := f.ask(t, 0, desc("blocked", "x"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Nil(t, r.Statuses[0].DurationUntilReset, "a rule of 0: never")
+	require.Equal(t, map[string]string{"RateLimit-Limit": "0", "RateLimit-Remaining": "0"}, headers(r))
+
+	r = f.ask(t, 5, desc("sec", "x"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Nil(t, r.Statuses[0].DurationUntilReset, "5 hits against 1 a second: never")
+	require.NotContains(t, headers(r), "RateLimit-Reset")
+
+	f.ask(t, 0, desc("sec", "y"), desc("hour", "y"))
+	r = f.ask(t, 0, desc("sec", "y"), desc("hour", "y"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[1].Code)
+	require.Equal(t, map[string]string{"RateLimit-Limit": "1", "RateLimit-Remaining": "0", "RateLimit-Reset": "3571"}, headers(r),
+		"the hour's wait (to its end, 30 s in) binds, not the second's")
+}
+
+// Redis down, the failure policy decides: no made-up numbers. A status
+// has its code only (no limit, remaining or reset, from which Envoy would
+// make its headers), and the response headers say the limit alone, as the
+// library's middlewares do.
+func TestDegradedSaysNoCounts(t *testing.T) {
+	f := newFixture(t, WithFailurePolicy(true), WithResponseHeaders("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"))
+	f.mr.Close()
+	r := f.ask(t, 0, desc("tenant", "acme"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "FailOpen, the Limiter's default")
+	require.Equal(t, &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, r.Statuses[0])
+	require.Equal(t, map[string]string{"RateLimit-Limit": "100"}, headers(r))
+}
