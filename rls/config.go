@@ -39,7 +39,8 @@ type Rule struct {
 	Replaces []string
 	// Unlimited rules allow everything without asking Redis.
 	Unlimited bool
-	// Shadow (shadow_mode) rules report a denial, and let it through.
+	// Shadow (shadow_mode, or quota_mode: the reference's soft limits)
+	// rules report a denial, and let it through.
 	Shadow bool
 	// DetailedMetric names the rule's metrics by the request's values.
 	DetailedMetric bool
@@ -132,10 +133,19 @@ const MaxConfigBytes = 16 << 20
 // LoadConfig loads files, each a YAML document of the reference's format,
 // into one Config. Two files of one domain are an error, as in the
 // reference without MERGE_DOMAIN_CONFIG.
-func LoadConfig(files []File) (*Config, error) {
+func LoadConfig(files []File) (*Config, error) { return loadConfig(files, false) }
+
+// LoadConfigMerged loads files as LoadConfig does, but the descriptors of
+// a domain may be split over several files, as in the reference with
+// MERGE_DOMAIN_CONFIG=true: each file adds its descriptors to the domain's
+// top level, and one that is there already is an error (duplicate
+// descriptor composite key).
+func LoadConfigMerged(files []File) (*Config, error) { return loadConfig(files, true) }
+
+func loadConfig(files []File, merge bool) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
 	for _, f := range files {
-		if err := c.load(f); err != nil {
+		if err := c.load(f, merge); err != nil {
 			return nil, err
 		}
 	}
@@ -190,8 +200,8 @@ func readLimited(path string) ([]byte, error) {
 	return data, err
 }
 
-// load adds file f to c.
-func (c *Config) load(f File) error {
+// load adds file f to c; with merge, to a domain c has already.
+func (c *Config) load(f File, merge bool) error {
 	fail := func(n *yaml.Node, format string, args ...any) error {
 		e := &ConfigError{File: f.Name, Msg: fmt.Sprintf(format, args...)}
 		if n != nil {
@@ -228,10 +238,13 @@ func (c *Config) load(f File) error {
 	if y.Domain == "" {
 		return fail(root, "config file cannot have empty domain")
 	}
-	if _, dup := c.domains[y.Domain]; dup {
+	d := c.domains[y.Domain]
+	switch {
+	case d != nil && !merge:
 		return fail(root, "duplicate domain '%s' in config file", y.Domain)
+	case d == nil:
+		d = &node{children: map[string]*node{}}
 	}
-	d := &node{children: map[string]*node{}}
 	if err := d.loadDescriptors(y.Domain+".", y.Descriptors, fail); err != nil {
 		return err
 	}
@@ -368,7 +381,8 @@ func (n *node) loadDescriptors(parentKey string, ds []yamlDescriptor, fail func(
 // newRule returns the rule of d, at fullKey.
 func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.Node, string, ...any) error) (*Rule, error) {
 	y := d.RateLimit
-	r := &Rule{Name: y.Name, Unlimited: y.Unlimited, Shadow: d.ShadowMode, DetailedMetric: d.DetailedMetric,
+	soft := d.ShadowMode || d.QuotaMode // the reference's quota_mode: over is OK too
+	r := &Rule{Name: y.Name, Unlimited: y.Unlimited, Shadow: soft, DetailedMetric: d.DetailedMetric,
 		RequestsPerUnit: y.RequestsPerUnit, Key: fullKey}
 	u, validUnit := units[strings.ToUpper(y.Unit)]
 	hasWindow := !y.Window.IsZero()
@@ -405,7 +419,7 @@ func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.No
 		r.Replaces = append(r.Replaces, rep.Name)
 	}
 	if !y.Unlimited {
-		r.Limit = ratelimit.Limit{Rate: int64(y.RequestsPerUnit), Window: r.Limit.Window, Name: y.Name, Strict: y.Strict, Shadow: d.ShadowMode, Leased: y.Leased}
+		r.Limit = ratelimit.Limit{Rate: int64(y.RequestsPerUnit), Window: r.Limit.Window, Name: y.Name, Strict: y.Strict, Shadow: soft, Leased: y.Leased}
 		if r.Limit.Rate > 0 {
 			if err := r.Limit.Validate(); err != nil {
 				return nil, fail(at, "rate limit %d per %v: %v", y.RequestsPerUnit, r.Limit.Window, strings.TrimPrefix(err.Error(), "ratelimit: "))

@@ -268,3 +268,29 @@ func TestReadDirSkipsDirectories(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, files, 1)
 }
+
+// MERGE_DOMAIN_CONFIG: a domain's descriptors over several files, each
+// adding to its top level; a descriptor two files give is an error, as is
+// a domain twice without merging.
+func TestLoadConfigMerged(t *testing.T) {
+	a := File{Name: "a.yaml", Data: []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")}
+	b := File{Name: "b.yaml", Data: []byte("domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 9}\n")}
+	c, err := LoadConfigMerged([]File{a, b})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), c.Match("api", desc("user", "x")).Rule.Limit.Rate)
+	require.Equal(t, int64(9), c.Match("api", desc("tenant", "x")).Rule.Limit.Rate)
+	require.Equal(t, []string{"api"}, c.Domains())
+	_, err = LoadConfig([]File{a, b})
+	require.EqualError(t, err, "b.yaml:1: duplicate domain 'api' in config file")
+	_, err = LoadConfigMerged([]File{a, a})
+	require.ErrorContains(t, err, "duplicate descriptor composite key 'api.user'")
+}
+
+// quota_mode, the reference's soft limit: counted, and over its rate the
+// request still passes, its status OK.
+func TestQuotaMode(t *testing.T) {
+	c := load(t, "domain: api\ndescriptors:\n  - key: tokens\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	r := c.Match("api", desc("tokens", "t")).Rule
+	require.True(t, r.Shadow)
+	require.True(t, r.Limit.Shadow)
+}

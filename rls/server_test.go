@@ -436,3 +436,15 @@ func TestDegradedSaysNoCounts(t *testing.T) {
 	require.Equal(t, &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, r.Statuses[0])
 	require.Equal(t, map[string]string{"RateLimit-Limit": "100"}, headers(r))
 }
+
+// quota_mode, as the reference: over its rate, the request passes and the
+// status is OK.
+func TestQuotaModeDecision(t *testing.T) {
+	f := newFixture(t)
+	f.s.SetConfig(load(t, "domain: api\ndescriptors:\n  - key: tokens\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"))
+	for range 3 {
+		r := f.ask(t, 0, desc("tokens", "t"))
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+		require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
+	}
+}

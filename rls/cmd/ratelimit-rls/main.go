@@ -42,6 +42,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	// REDIS_TLS in the image (tools/rlsimage), which has no system roots: Go uses these only where the system has none.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -188,7 +190,7 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	source := "files in " + s.configDir()
 	if s.configType == "GRPC_XDS_SOTW" {
 		source = fmt.Sprintf("xDS from %s as node %q", s.xds.url, s.xds.nodeID)
-		xds := newXDSClient(s.xds, server, metrics, log)
+		xds := newXDSClient(s.xds, s.loader(), server, metrics, log)
 		conn, err := xds.dial()
 		if err != nil {
 			return err
@@ -210,7 +212,7 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 			}
 		}
 	} else {
-		watcher = &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, server: server, metrics: metrics, log: log}
+		watcher = &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, load: s.loader(), server: server, metrics: metrics, log: log}
 		watcher.poll()
 	}
 
@@ -487,6 +489,7 @@ func jsonHandler(s *rls.Server) http.HandlerFunc {
 type configWatcher struct {
 	dir       string
 	ignoreDot bool
+	load      func([]rls.File) (*rls.Config, error) // rls.LoadConfig, or LoadConfigMerged
 	server    *rls.Server
 	metrics   *rls.Metrics
 	log       *slog.Logger
@@ -514,7 +517,7 @@ func (c *configWatcher) poll() {
 		return
 	}
 	c.seen, c.loaded = sum, true
-	cfg, err := rls.LoadConfig(files)
+	cfg, err := c.load(files)
 	if c.metrics != nil {
 		c.metrics.ConfigLoaded(err)
 	}

@@ -259,6 +259,25 @@ func TestConfigReload(t *testing.T) {
 	require.Equal(t, uint32(500), remaining(), "the last good configuration stays")
 }
 
+// MERGE_DOMAIN_CONFIG=true: a domain's descriptors over two files load as
+// one domain (without it, the second file is an error and the first one
+// stays).
+func TestMergeDomainConfig(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
+	more := "domain: api\ndescriptors:\n  - key: region\n    rate_limit: {unit: hour, requests_per_unit: 7}\n"
+	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "more.yaml"), []byte(more), 0o644))
+	c := s.client(t)
+	waitFor(t, "the second file's rule", func() bool {
+		r, err := ask(context.Background(), c, desc("region", "eu"))
+		return err == nil && r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == 7
+	})
+	r, err := ask(context.Background(), c, desc("tenant", "acme"))
+	require.NoError(t, err)
+	require.Equal(t, uint32(100), r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(), "the first file's rules stay")
+	require.NotContains(t, s.log.String(), "not honoured")
+}
+
 // Redis down: UNAVAILABLE, so that Envoy's failure_mode_deny decides; with
 // RLS_FAILURE_POLICY=open, OK.
 func TestRedisDown(t *testing.T) {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/rls"
 )
 
 // settings are what the environment says; see readSettings.
@@ -47,6 +49,7 @@ type settings struct {
 	configType              string        // FILE, or GRPC_XDS_SOTW: see xds.go
 	forceStart              bool          // FORCE_START_WITHOUT_INITIAL_CONFIG
 	healthyWithConfig       bool          // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+	mergeDomains            bool          // MERGE_DOMAIN_CONFIG
 	xds                     xdsSettings
 	notHonoured             []string // the reference's variables set here that this service ignores
 }
@@ -68,7 +71,7 @@ REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMP
 REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME
 MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS
 MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT
-MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG
+MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE RESPONSE_DYNAMIC_METADATA
 TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID
 TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
 
@@ -163,6 +166,7 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		configType:             strings.ToUpper(str("CONFIG_TYPE", "FILE")),
 		forceStart:             flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false),
 		healthyWithConfig:      flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false),
+		mergeDomains:           flag("MERGE_DOMAIN_CONFIG", false),
 		xds: xdsSettings{
 			url: str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"), nodeID: str("CONFIG_GRPC_XDS_NODE_ID", "default"),
 			nodeMetadata:   pairs(str("CONFIG_GRPC_XDS_NODE_METADATA", ""), "="),
@@ -238,4 +242,13 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 // them: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
 func (s *settings) configDir() string {
 	return filepath.Join(s.runtimeRoot, s.runtimeSub, s.runtimeApp)
+}
+
+// loader returns how a configuration loads: with MERGE_DOMAIN_CONFIG, a
+// domain's descriptors may be split over several files (or resources).
+func (s *settings) loader() func([]rls.File) (*rls.Config, error) {
+	if s.mergeDomains {
+		return rls.LoadConfigMerged
+	}
+	return rls.LoadConfig
 }

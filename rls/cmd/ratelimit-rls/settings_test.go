@@ -53,9 +53,9 @@ func TestSettingsErrors(t *testing.T) {
 		_, err := readSettings(env(tc.v))
 		require.ErrorContains(t, err, tc.says, tc.v)
 	}
-	s, err := readSettings(env("REDIS_TYPE=cluster", "REDIS_PIPELINE_WINDOW=150us", "MERGE_DOMAIN_CONFIG=true", "REDIS_URL=a:1"))
+	s, err := readSettings(env("REDIS_TYPE=cluster", "REDIS_PIPELINE_WINDOW=150us", "QUOTA_MODE=true", "REDIS_URL=a:1"))
 	require.NoError(t, err, "REDIS_TYPE in any case")
-	require.Equal(t, []string{"MERGE_DOMAIN_CONFIG", "REDIS_PIPELINE_WINDOW"}, s.notHonoured)
+	require.Equal(t, []string{"QUOTA_MODE", "REDIS_PIPELINE_WINDOW"}, s.notHonoured)
 
 	// a switch whose false this service follows is honoured set to false
 	s, err = readSettings(env("USE_STATSD=false", "TRACING_ENABLED=false", "USE_DOG_STATSD=true"))

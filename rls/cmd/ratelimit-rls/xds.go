@@ -61,6 +61,7 @@ type xdsSettings struct {
 // what it pushes to server.
 type xdsClient struct {
 	s       xdsSettings
+	load    func([]rls.File) (*rls.Config, error) // rls.LoadConfig, or LoadConfigMerged
 	server  *rls.Server
 	metrics *rls.Metrics
 	log     *slog.Logger
@@ -80,12 +81,12 @@ type xdsClient struct {
 }
 
 // newXDSClient returns a client of the management server s names.
-func newXDSClient(s xdsSettings, server *rls.Server, metrics *rls.Metrics, log *slog.Logger) *xdsClient {
+func newXDSClient(s xdsSettings, load func([]rls.File) (*rls.Config, error), server *rls.Server, metrics *rls.Metrics, log *slog.Logger) *xdsClient {
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{}}
 	for k, v := range s.nodeMetadata {
 		md.Fields[k] = structpb.NewStringValue(v)
 	}
-	return &xdsClient{s: s, server: server, metrics: metrics, log: log,
+	return &xdsClient{s: s, load: load, server: server, metrics: metrics, log: log,
 		node:  &core.Node{Id: s.nodeID, Metadata: md},
 		first: make(chan struct{}), loaded: make(chan struct{})}
 }
@@ -227,7 +228,7 @@ func (x *xdsClient) handle(resp *discovery.DiscoveryResponse) (req *discovery.Di
 		req.VersionInfo, req.ErrorDetail = x.version, &statuspb.Status{Code: int32(codes.InvalidArgument), Message: x.refusedE}
 		return req, true
 	}
-	cfg, err := loadXDS(resp)
+	cfg, err := loadXDS(resp, x.load)
 	if x.metrics != nil {
 		x.metrics.ConfigLoaded(err)
 	}
@@ -261,9 +262,10 @@ func digest(resp *discovery.DiscoveryResponse) [sha256.Size]byte {
 	return sum
 }
 
-// loadXDS loads the configuration resp holds: each RateLimitConfig as
-// the file of the reference's format it stands for, named by its name.
-func loadXDS(resp *discovery.DiscoveryResponse) (*rls.Config, error) {
+// loadXDS loads the configuration resp holds with load: each
+// RateLimitConfig as the file of the reference's format it stands for,
+// named by its name.
+func loadXDS(resp *discovery.DiscoveryResponse, load func([]rls.File) (*rls.Config, error)) (*rls.Config, error) {
 	if resp.GetTypeUrl() != configTypeURL {
 		return nil, fmt.Errorf("a response of type %q; this service subscribes to %s only", resp.GetTypeUrl(), configTypeURL)
 	}
@@ -283,7 +285,7 @@ func loadXDS(resp *discovery.DiscoveryResponse) (*rls.Config, error) {
 		}
 		files = append(files, rls.File{Name: name, Data: data})
 	}
-	return rls.LoadConfig(files)
+	return load(files)
 }
 
 // The reference's file format, as far as RateLimitConfig carries it.

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/slidingwindow/ratelimit/rls"
 	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
 )
 
@@ -303,21 +304,27 @@ func TestLoadXDS(t *testing.T) {
 				Replaces: []*rlsconf.RateLimitReplace{{Name: "other"}}},
 		}},
 	}, {Key: "open", RateLimit: &rlsconf.RateLimitPolicy{Unlimited: true}}}}
-	cfg, err := loadXDS(anyOf(full))
+	cfg, err := loadXDS(anyOf(full), rls.LoadConfig)
 	require.NoError(t, err)
 	require.Equal(t, []string{"default/eg/http"}, cfg.Domains())
 
-	_, err = loadXDS(anyOf(apiConfig(1), apiConfig(2)))
+	_, err = loadXDS(anyOf(apiConfig(1), apiConfig(2)), rls.LoadConfig)
 	require.ErrorContains(t, err, "duplicate domain 'api'")
 	bad := apiConfig(1)
 	bad.Descriptors[0].RateLimit.Unit = rlsconf.RateLimitUnit_UNKNOWN
-	_, err = loadXDS(anyOf(bad))
+	_, err = loadXDS(anyOf(bad), rls.LoadConfig)
 	require.ErrorContains(t, err, "api:")
 	resp := anyOf(apiConfig(1))
 	resp.TypeUrl = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	_, err = loadXDS(resp)
+	_, err = loadXDS(resp, rls.LoadConfig)
 	require.ErrorContains(t, err, "subscribes to")
-	empty, err := loadXDS(anyOf())
+	user, tenant := apiConfig(1), apiConfig(2)
+	user.Descriptors, tenant.Descriptors = user.Descriptors[:1], tenant.Descriptors[1:]
+	merged, err := loadXDS(anyOf(user, tenant), rls.LoadConfigMerged)
+	require.NoError(t, err, "MERGE_DOMAIN_CONFIG: one domain over two resources")
+	require.NotNil(t, merged.Match("api", desc("tenant", "x")))
+	require.NotNil(t, merged.Match("api", desc("user", "x")))
+	empty, err := loadXDS(anyOf(), rls.LoadConfig)
 	require.NoError(t, err)
 	require.Empty(t, empty.Domains())
 }
