@@ -49,6 +49,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -228,6 +229,7 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	server.Register(g)
 	healthSrv := health.NewServer()
 	healthpb.RegisterHealthServer(g, healthSrv)
+	reflection.Register(g) // grpcurl and the like without a protoset
 	grpcLn, err := net.Listen("tcp", net.JoinHostPort(s.grpcHost, strconv.Itoa(s.grpcPort)))
 	if err != nil {
 		return err
@@ -344,10 +346,17 @@ func newLogger(s *settings, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// dialTimeout bounds a connection attempt: go-redis's default of 5 s would
+// hold a call past RLS_TIMEOUT to a server that is gone.
+const dialTimeout = 500 * time.Millisecond
+
 // newRedis returns the client REDIS_TYPE, REDIS_URL and the rest describe,
 // as the reference reads them: a comma-separated list of a Cluster's
 // nodes; for Sentinel, the master's name then the Sentinels; REDIS_AUTH a
-// password, or user:password.
+// password, or user:password. It takes the library's advice (README,
+// "Client options worth setting"): a short DialTimeout, DialerRetries 1 (a
+// refused connection fails at once rather than after five dials that
+// outlast RLS_TIMEOUT) and ContextTimeoutEnabled.
 func newRedis(s *settings) (redis.UniversalClient, error) {
 	user, pass := "", s.redisAuth
 	if u, p, ok := strings.Cut(s.redisAuth, ":"); ok {
@@ -361,20 +370,23 @@ func newRedis(s *settings) (redis.UniversalClient, error) {
 	switch strings.ToUpper(s.redisType) {
 	case "CLUSTER":
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: urls, Username: user, Password: pass,
-			PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+			PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true,
+			DialTimeout: dialTimeout, DialerRetries: 1}), nil
 	case "SENTINEL":
 		if len(urls) < 2 {
 			return nil, fmt.Errorf("ratelimit-rls: REDIS_URL=%q: a Sentinel setting is the master's name, then the Sentinels: mymaster,host:26379,…", s.redisURL)
 		}
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:],
-			Username: user, Password: pass, PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+			Username: user, Password: pass, PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true,
+			DialTimeout: dialTimeout, DialerRetries: 1}), nil
 	}
 	network := "tcp"
 	if strings.EqualFold(s.redisSocketType, "unix") {
 		network = "unix"
 	}
 	return redis.NewClient(&redis.Options{Network: network, Addr: s.redisURL, Username: user, Password: pass,
-		PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true}), nil
+		PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true,
+		DialTimeout: dialTimeout, DialerRetries: 1}), nil
 }
 
 // serverTLS returns the gRPC server's TLS: its certificate, and with

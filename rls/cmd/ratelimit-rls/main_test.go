@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
@@ -278,6 +279,24 @@ func TestMergeDomainConfig(t *testing.T) {
 	require.NotContains(t, s.log.String(), "not honoured")
 }
 
+// Redis refused: each call is UNAVAILABLE at once (the client takes the
+// library's advice: DialerRetries 1). With go-redis's default of 5 dials,
+// each call waited out its redials, about 400 ms (or RLS_TIMEOUT, 100 ms
+// by default, if shorter): five calls took 2 s, where they now take
+// milliseconds.
+func TestRedisRefusedFailsFast(t *testing.T) {
+	s := start(t, fmt.Sprintf("REDIS_URL=127.0.0.1:%d", testredis.FreePort(t)), "RLS_TIMEOUT=10s")
+	c := s.client(t)
+	began := time.Now()
+	for range 5 {
+		t0 := time.Now()
+		_, err := ask(context.Background(), c, desc("user", "ann"))
+		t.Logf("TMP %v %v", time.Since(t0), err)
+		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	}
+	require.Less(t, time.Since(began), 1500*time.Millisecond, "five calls waited out go-redis's redials")
+}
+
 // Redis down: UNAVAILABLE, so that Envoy's failure_mode_deny decides; with
 // RLS_FAILURE_POLICY=open, OK.
 func TestRedisDown(t *testing.T) {
@@ -353,6 +372,33 @@ func testMutualTLS(t *testing.T, caVar string) {
 	require.Error(t, dial(ca.issue(t, "other.example").pair(t)), "another SAN")
 	_, err := ask(context.Background(), s.client(t), desc("user", "plain"))
 	require.Error(t, err, "no TLS at all")
+}
+
+// gRPC server reflection: a client such as grpcurl finds the service and
+// its messages without a protoset.
+func TestReflection(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	s := start(t, "REDIS_URL="+redisSrv.Addr)
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	var names []string
+	for _, svc := range resp.GetListServicesResponse().GetService() {
+		names = append(names, svc.GetName())
+	}
+	require.Contains(t, names, "envoy.service.ratelimit.v3.RateLimitService")
+	require.NoError(t, st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{
+		FileContainingSymbol: "envoy.service.ratelimit.v3.RateLimitRequest"}}))
+	resp, err = st.Recv()
+	require.NoError(t, err)
+	require.NotEmpty(t, resp.GetFileDescriptorResponse().GetFileDescriptorProto(), "the messages' descriptors")
 }
 
 // HOST and GRPC_HOST of "::", as Envoy Gateway sets them: both families
