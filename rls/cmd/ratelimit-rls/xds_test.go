@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -31,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/rls"
 	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
@@ -327,4 +330,64 @@ func TestLoadXDS(t *testing.T) {
 	empty, err := loadXDS(anyOf(), rls.LoadConfig)
 	require.NoError(t, err)
 	require.Empty(t, empty.Domains())
+}
+
+// The configuration Envoy Gateway's translator pushes, and the requests its
+// Envoys send: a listener's domain, the route's name as the outer
+// descriptor, rule-<i>-match-<j> keys (a distinct header: key only),
+// masked_remote_address then remote_address (a bucket per client address
+// in a CIDR), a rule in shadow mode, and a response's cost as a
+// descriptor's hits_addend.
+func TestXDSEnvoyGatewayShapes(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	const route = "httproute/default/backend/rule/0"
+	policy := func(n uint32, unit rlsconf.RateLimitUnit) *rlsconf.RateLimitPolicy {
+		return &rlsconf.RateLimitPolicy{RequestsPerUnit: n, Unit: unit}
+	}
+	gw := &rlsconf.RateLimitConfig{Name: "default/eg/http", Domain: "default/eg/http", Descriptors: []*rlsconf.RateLimitDescriptor{{
+		Key: route, Value: route,
+		Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "rule-0-match-0", RateLimit: policy(2, rlsconf.RateLimitUnit_MINUTE)},
+			{Key: "masked_remote_address", Value: "0.0.0.0/0", Descriptors: []*rlsconf.RateLimitDescriptor{
+				{Key: "remote_address", RateLimit: policy(3, rlsconf.RateLimitUnit_MINUTE)},
+			}},
+			{Key: "rule-2-match--1", Value: "rule-2-match--1", ShadowMode: true, RateLimit: policy(1, rlsconf.RateLimitUnit_HOUR)},
+			{Key: "rule-3-match--1", Value: "rule-3-match--1", RateLimit: policy(10, rlsconf.RateLimitUnit_MINUTE)},
+		},
+	}}}
+	m := startManagement(t, "127.0.0.1:0")
+	m.push(t, "1", gw)
+	s := start(t, xdsEnv(m.addr, "REDIS_URL="+redisSrv.Addr)...)
+	c := s.client(t)
+	call := func(ds ...*rlv3.RateLimitDescriptor) *pb.RateLimitResponse {
+		t.Helper()
+		r, err := c.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "default/eg/http", Descriptors: ds})
+		require.NoError(t, err)
+		return r
+	}
+	codes := func(n int, ds ...*rlv3.RateLimitDescriptor) []pb.RateLimitResponse_Code {
+		var out []pb.RateLimitResponse_Code
+		for range n {
+			out = append(out, call(ds...).OverallCode)
+		}
+		return out
+	}
+	ok, over := pb.RateLimitResponse_OK, pb.RateLimitResponse_OVER_LIMIT
+
+	require.Equal(t, []pb.RateLimitResponse_Code{ok, ok, over}, codes(3, desc(route, route, "rule-0-match-0", "alice")), "2 a minute per header value")
+	require.Equal(t, ok, call(desc(route, route, "rule-0-match-0", "bob")).OverallCode, "another value, another bucket")
+
+	ip := func(addr string) *rlv3.RateLimitDescriptor {
+		return desc(route, route, "masked_remote_address", "0.0.0.0/0", "remote_address", addr)
+	}
+	require.Equal(t, []pb.RateLimitResponse_Code{ok, ok, ok, over}, codes(4, ip("10.0.0.1")), "3 a minute per address")
+	require.Equal(t, ok, call(ip("10.0.0.2")).OverallCode)
+
+	shadow := desc(route, route, "rule-2-match--1", "rule-2-match--1")
+	require.Equal(t, []pb.RateLimitResponse_Code{ok, ok}, codes(2, shadow), "shadow mode lets it through")
+
+	cost := desc(route, route, "rule-3-match--1", "rule-3-match--1")
+	cost.HitsAddend = wrapperspb.UInt64(4) // the response's cost, as Envoy Gateway sends it
+	r := call(cost)
+	require.Equal(t, uint32(6), r.Statuses[0].LimitRemaining, "4 of 10 counted")
 }
