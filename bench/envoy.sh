@@ -4,11 +4,13 @@
 # 64 clients, one and three descriptors, interleaved; then bursts at a
 # window's end (-boundary). Prints markdown tables on stdout.
 #
-#   bench/envoy.sh                      # 3 rounds × 3 s, ~3 minutes on 2 cores
+#   bench/envoy.sh                      # 3 rounds × 3 s, ~6 minutes on 2 cores
 #   ROUNDS=1 DURATION=500ms bench/envoy.sh   # a smoke run
 #
 # Environment: ROUNDS [3], DURATION [3s], WARMUP [300ms], CLIENTS ["1 8 64"],
 # REFERENCE (a service_cmd binary; built with go install when unset),
+# SOURCES ["files xds"]: a table per configuration source, the file or the
+# same configuration pushed over xDS (CONFIG_TYPE=GRPC_XDS_SOTW),
 # BOUNDARY [1] (0 leaves the bursts out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +24,13 @@ if [ -z "$reference" ]; then
 fi
 cd bench/envoy # a module of its own, outside go.work: bench's other contenders need older gRPC
 export GOWORK=off
-go run . -ours "$bin/ratelimit-rls" -reference "$reference" -rounds "${ROUNDS:-3}" \
-  -duration "${DURATION:-3s}" -warmup "${WARMUP:-300ms}" -clients "${CLIENTS:-1 8 64}"
+for source in ${SOURCES:-files xds}; do
+  xds=()
+  if [ "$source" = xds ]; then xds=(-xds); fi
+  go run . -ours "$bin/ratelimit-rls" -reference "$reference" -rounds "${ROUNDS:-3}" \
+    -duration "${DURATION:-3s}" -warmup "${WARMUP:-300ms}" -clients "${CLIENTS:-1 8 64}" "${xds[@]}"
+  echo
+done
 if [ "${BOUNDARY:-1}" = 1 ]; then
   echo
   go run . -ours "$bin/ratelimit-rls" -reference "$reference" -boundary

@@ -1,6 +1,7 @@
 // Command envoy measures ratelimit-rls (this repository's Envoy rate limit
 // service) against envoyproxy/ratelimit, the reference, on one
-// redis-server of its own, with one configuration file: ShouldRateLimit
+// redis-server of its own, with one configuration (a file, or with -xds
+// pushed over xDS): ShouldRateLimit
 // calls a second and their p50/p99 at several concurrencies, for requests
 // of one and of three descriptors, services interleaved, with Redis's CPU
 // and commands per call; and with -boundary, what each allows of bursts at
@@ -28,7 +29,13 @@ import (
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -55,15 +62,22 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds, each running every (descriptors, clients, service) once")
 	clients := flag.String("clients", "1 8 64", "concurrent clients, space-separated")
 	boundary := flag.Bool("boundary", false, "measure bursts at a window's end instead")
+	xds := flag.Bool("xds", false, "configure both services over xDS (CONFIG_TYPE=GRPC_XDS_SOTW) from a management server in this process, not from files")
 	flag.Parse()
 	if *ours == "" || *reference == "" {
 		log.Fatal("envoy: -ours and -reference name the two binaries (bench/envoy.sh builds them)")
 	}
 	redisAddr, stopRedis := startRedis()
 	defer stopRedis()
+	var source []string // the services' configuration source: files unless -xds
+	if *xds {
+		addr, stop := startManagement()
+		defer stop()
+		source = []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + addr, "CONFIG_GRPC_XDS_NODE_ID=bench"}
+	}
 	services := []*service{
-		start("reference", *reference, redisAddr),
-		start("ratelimit-rls", *ours, redisAddr),
+		start("reference", *reference, redisAddr, source),
+		start("ratelimit-rls", *ours, redisAddr, source),
 	}
 	defer func() {
 		for _, s := range services {
@@ -101,7 +115,11 @@ func main() {
 			}
 		}
 	}
-	fmt.Printf("%d round(s) of %v per run, services interleaved (the order flipped each round); medians over rounds.\n\n", *rounds, *duration)
+	from := "a file"
+	if *xds {
+		from = "xDS (a go-control-plane snapshot cache in the bench)"
+	}
+	fmt.Printf("%d round(s) of %v per run, services interleaved (the order flipped each round); medians over rounds; configuration from %s.\n\n", *rounds, *duration, from)
 	fmt.Println("| descriptors | clients | service | calls/s | vs reference | p50 µs | p99 µs | Redis CPU µs/call | Redis commands/call |")
 	fmt.Println("|--:|--:|---|--:|--:|--:|--:|--:|--:|")
 	for _, descriptors := range []int{1, 3} {
@@ -158,9 +176,40 @@ func startRedis() (string, func()) {
 	return addr, func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 }
 
-// start runs bin, as the service name, on redisAddr with config, and waits
-// until it answers.
-func start(name, bin, redisAddr string) *service {
+// startManagement serves config over xDS, as Envoy Gateway does, to the
+// node "bench", and returns its address.
+func startManagement() (string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	policy := func(n uint32, unit rlsconf.RateLimitUnit) *rlsconf.RateLimitPolicy {
+		return &rlsconf.RateLimitPolicy{RequestsPerUnit: n, Unit: unit}
+	}
+	cfg := &rlsconf.RateLimitConfig{Name: "bench", Domain: "bench", Descriptors: []*rlsconf.RateLimitDescriptor{
+		{Key: "user", RateLimit: policy(1000000, rlsconf.RateLimitUnit_HOUR)},
+		{Key: "tenant", RateLimit: policy(1000000, rlsconf.RateLimitUnit_HOUR)},
+		{Key: "path", RateLimit: policy(1000000, rlsconf.RateLimitUnit_HOUR)},
+		{Key: "edge", RateLimit: policy(10, rlsconf.RateLimitUnit_SECOND)},
+	}}
+	snap, err := cachev3.NewSnapshot("1", map[resource.Type][]types.Resource{resource.RateLimitConfigType: {cfg}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "bench", snap); err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, cache, nil))
+	go func() { _ = g.Serve(ln) }()
+	return ln.Addr().String(), func() { g.Stop(); cancel() }
+}
+
+// start runs bin, as the service name, on redisAddr with config (from
+// files, or as source says), and waits until it answers.
+func start(name, bin, redisAddr string, source []string) *service {
 	root, err := os.MkdirTemp("", "envoy-bench")
 	if err != nil {
 		log.Fatal(err)
@@ -184,6 +233,7 @@ func start(name, bin, redisAddr string) *service {
 		// timeouts, not by its 100 ms default
 		"RLS_TIMEOUT=3s",
 	}
+	cmd.Env = append(cmd.Env, source...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
