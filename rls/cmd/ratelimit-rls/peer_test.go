@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,41 +51,45 @@ descriptors:
 // names it; .ci/run builds it with go install) on redisAddr with config.
 func startReference(t *testing.T, bin, redisAddr, config string) string {
 	t.Helper()
+	s := launchReference(t, bin, "REDIS_URL="+redisAddr)
+	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "config.yaml"), []byte(config), 0o644))
+	s.waitHealthy(t)
+	return s.grpcAddr
+}
+
+// launchReference starts the reference as launch starts this service: its
+// ports, a configuration directory (empty), the environment env on top.
+func launchReference(t *testing.T, bin string, env ...string) *service {
+	t.Helper()
 	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o644))
+	s := &service{configDir: filepath.Join(root, "ratelimit", "config"), log: &syncBuffer{}}
+	require.NoError(t, os.MkdirAll(s.configDir, 0o755))
 	grpcPort, httpPort, debugPort := testredis.FreePort(t), testredis.FreePort(t), testredis.FreePort(t)
-	cmd := exec.Command(bin)
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = []string{
+	s.grpcAddr, s.httpAddr = fmt.Sprintf("127.0.0.1:%d", grpcPort), fmt.Sprintf("127.0.0.1:%d", httpPort)
+	s.cmd = exec.Command(bin)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	s.cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn",
 		"GRPC_HOST=127.0.0.1", fmt.Sprint("GRPC_PORT=", grpcPort), "HOST=127.0.0.1", fmt.Sprint("PORT=", httpPort),
 		"DEBUG_HOST=127.0.0.1", fmt.Sprint("DEBUG_PORT=", debugPort),
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"REDIS_SOCKET_TYPE=tcp",
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-	}
-	require.NoError(t, cmd.Start())
+	}, env...)
+	require.NoError(t, s.cmd.Start())
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthcheck", httpPort))
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the reference did not start: %v\n%s", err, log)
-		}
-		time.Sleep(20 * time.Millisecond) // a process starting
+	return s
+}
+
+// reference returns the reference's binary, or skips the test saying why.
+func referenceBinary(t *testing.T) string {
+	bin := os.Getenv("RLS_REFERENCE")
+	if bin == "" {
+		t.Skip("RLS_REFERENCE is not set: .ci/run builds envoyproxy/ratelimit (go install github.com/envoyproxy/ratelimit/src/service_cmd@…) and names it")
 	}
-	return fmt.Sprintf("127.0.0.1:%d", grpcPort)
+	return bin
 }
 
 // TestPeer sends envoyproxy/ratelimit and this service the same calls, on
@@ -98,10 +101,7 @@ func startReference(t *testing.T, bin, redisAddr, config string) string {
 // a request touched has, from then on, at least the reference's remaining,
 // and is OK wherever the reference is.
 func TestPeer(t *testing.T) {
-	bin := os.Getenv("RLS_REFERENCE")
-	if bin == "" {
-		t.Skip("RLS_REFERENCE is not set: .ci/run builds envoyproxy/ratelimit (go install github.com/envoyproxy/ratelimit/src/service_cmd@…) and names it")
-	}
+	bin := referenceBinary(t)
 	redisSrv := testredis.Start(t)
 	ref := startReference(t, bin, redisSrv.Addr, peerConfig)
 	ours := start(t, "REDIS_URL="+redisSrv.Addr)

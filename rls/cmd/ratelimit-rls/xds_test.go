@@ -81,13 +81,19 @@ func startManagement(t *testing.T, addr string, opts ...grpc.ServerOption) *mana
 // version, of configs.
 func (m *management) push(t *testing.T, version string, configs ...*rlsconf.RateLimitConfig) {
 	t.Helper()
+	m.pushTo(t, "envoy-ratelimit", version, configs...)
+}
+
+// pushTo sets the snapshot of node to version, of configs.
+func (m *management) pushTo(t *testing.T, node, version string, configs ...*rlsconf.RateLimitConfig) {
+	t.Helper()
 	res := make([]types.Resource, len(configs))
 	for i, c := range configs {
 		res[i] = c
 	}
 	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: res})
 	require.NoError(t, err)
-	require.NoError(t, m.cache.SetSnapshot(context.Background(), "envoy-ratelimit", snap))
+	require.NoError(t, m.cache.SetSnapshot(context.Background(), node, snap))
 }
 
 // requests returns what the service has sent so far.
@@ -98,9 +104,12 @@ func (m *management) requests() []*discovery.DiscoveryRequest {
 }
 
 // acked reports whether the service acknowledged version.
-func (m *management) acked(version string) bool {
+func (m *management) acked(version string) bool { return m.ackedBy("envoy-ratelimit", version) }
+
+// ackedBy reports whether node acknowledged version.
+func (m *management) ackedBy(node, version string) bool {
 	for _, r := range m.requests() {
-		if r.GetResponseNonce() != "" && r.GetVersionInfo() == version && r.GetErrorDetail() == nil {
+		if r.GetNode().GetId() == node && r.GetResponseNonce() != "" && r.GetVersionInfo() == version && r.GetErrorDetail() == nil {
 			return true
 		}
 	}

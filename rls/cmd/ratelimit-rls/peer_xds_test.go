@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
+)
+
+// TestXDSPeer runs the xDS sequence against the reference and this service
+// at once, each a node of one management server, where the two are meant
+// to agree: no port before the first configuration; a push applied and
+// acknowledged; a configuration that does not load refused with a NACK
+// naming the version applied last, the last good one kept; a good push
+// after it applied; an empty one unloading every domain.
+func TestXDSPeer(t *testing.T) {
+	bin := referenceBinary(t)
+	redisSrv := testredis.Start(t)
+	m := startManagement(t, "127.0.0.1:0")
+	xdsEnvOf := func(node string) []string {
+		return []string{"REDIS_URL=" + redisSrv.Addr, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + m.addr,
+			"CONFIG_GRPC_XDS_NODE_ID=" + node, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=200ms"}
+	}
+	services := map[string]*service{
+		"reference": launchReference(t, bin, xdsEnvOf("reference")...),
+		"ours":      launch(t, xdsEnvOf("ours")...),
+	}
+	push := func(version string, configs ...*rlsconf.RateLimitConfig) {
+		for node := range services {
+			m.pushTo(t, node, version, configs...)
+		}
+	}
+	for node := range services {
+		waitFor(t, node+" asking for its configuration", func() bool {
+			for _, r := range m.requests() {
+				if r.GetNode().GetId() == node {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	for node, s := range services {
+		_, err := http.Get("http://" + s.httpAddr + "/healthcheck")
+		require.Error(t, err, "%s: no port before the first configuration", node)
+	}
+	push("1", apiConfig(100))
+	for node, s := range services {
+		s.waitHealthy(t)
+		require.Equal(t, uint32(100), tenantLimit(t, s), node)
+		waitFor(t, node+"'s ACK of version 1", func() bool { return m.ackedBy(node, "1") })
+	}
+	push("2", apiConfig(500))
+	for node, s := range services {
+		waitFor(t, node+" under version 2", func() bool { return tenantLimit(t, s) == 500 })
+	}
+	broken := apiConfig(7)
+	broken.Domain = ""
+	push("3", broken)
+	for node, s := range services {
+		waitFor(t, node+"'s NACK of version 3", func() bool {
+			for _, r := range m.requests() {
+				if r.GetNode().GetId() == node && r.GetErrorDetail() != nil {
+					require.Equal(t, "2", r.GetVersionInfo(), "%s: a NACK names the version applied last", node)
+					return true
+				}
+			}
+			return false
+		})
+		require.Equal(t, uint32(500), tenantLimit(t, s), "%s keeps the last good configuration", node)
+	}
+	push("4", apiConfig(42))
+	for node, s := range services {
+		waitFor(t, node+" under version 4", func() bool { return tenantLimit(t, s) == 42 })
+	}
+	push("5")
+	for node, s := range services {
+		waitFor(t, node+" with every domain unloaded", func() bool { return tenantLimit(t, s) == 0 })
+	}
+}
+
+// Where an operator migrating from the reference meets a difference, with
+// the reference's answer beside ours: a '*' inside a value is itself, and
+// MERGE_DOMAIN_CONFIG=true splits a domain over two files.
+func TestPeerMigration(t *testing.T) {
+	bin := referenceBinary(t)
+	redisSrv := testredis.Start(t)
+	const first = `
+domain: api
+descriptors:
+  - key: role
+    value: a*b
+    rate_limit: {unit: minute, requests_per_unit: 6}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 7}
+`
+	const second = `
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 8}
+`
+	ref := launchReference(t, bin, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
+	for name, data := range map[string]string{"a.yaml": first, "b.yaml": second} {
+		require.NoError(t, os.WriteFile(filepath.Join(ref.configDir, name), []byte(data), 0o644))
+	}
+	ref.waitHealthy(t)
+	ours := start(t, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
+	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "config.yaml"), []byte(first), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "more.yaml"), []byte(second), 0o644))
+	waitFor(t, "our two files", func() bool { return ruleOf(t, ours, "tenant", "x") == 8 })
+	for _, tc := range []struct {
+		key, value string
+		rate       uint32
+	}{
+		{"role", "a*b", 6}, {"role", "axb", 0}, {"path", "/api/v1", 7}, {"tenant", "x", 8},
+	} {
+		for name, s := range map[string]*service{"reference": ref, "ours": ours} {
+			require.Equal(t, tc.rate, ruleOf(t, s, tc.key, tc.value), "%s: %s=%s", name, tc.key, tc.value)
+		}
+	}
+}
+
+// ruleOf returns the rate of the rule s answers key=value of domain api
+// with, 0 for none.
+func ruleOf(t *testing.T, s *service, key, value string) uint32 {
+	t.Helper()
+	r, err := ask(context.Background(), s.client(t), desc(key, value))
+	require.NoError(t, err)
+	return r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit()
+}
