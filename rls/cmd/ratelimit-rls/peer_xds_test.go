@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 
@@ -135,4 +136,41 @@ func ruleOf(t *testing.T, s *service, key, value string) uint32 {
 	r, err := ask(context.Background(), s.client(t), desc(key, value))
 	require.NoError(t, err)
 	return r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit()
+}
+
+// The same entries twice in a request, once under a rule in shadow mode
+// (1 a minute) and once with Envoy's override (5 a minute): the override
+// limits the request, and both services give the same ten answers (two
+// OK, then over: 2 hits a request against 5).
+func TestPeerShadowBesideOverride(t *testing.T) {
+	bin := referenceBinary(t)
+	redisSrv := testredis.Start(t)
+	const config = `
+domain: api
+descriptors:
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+	ref := launchReference(t, bin, "REDIS_URL="+redisSrv.Addr, "CACHE_KEY_PREFIX=ref")
+	require.NoError(t, os.WriteFile(filepath.Join(ref.configDir, "config.yaml"), []byte(config), 0o644))
+	ref.waitHealthy(t)
+	ours := start(t, "REDIS_URL="+redisSrv.Addr)
+	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "config.yaml"), []byte(config), 0o644))
+	waitFor(t, "our configuration", func() bool { return ruleOf(t, ours, "trial", "x") == 1 })
+	over := desc("trial", "t")
+	over.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 2} // a minute
+	answers := map[string][]string{}
+	for name, s := range map[string]*service{"reference": ref, "ours": ours} {
+		c := s.client(t)
+		for range 10 {
+			r, err := ask(context.Background(), c, desc("trial", "t"), over)
+			require.NoError(t, err)
+			answers[name] = append(answers[name], r.OverallCode.String())
+		}
+	}
+	t.Logf("%v", answers)
+	require.Equal(t, answers["reference"], answers["ours"])
+	require.Equal(t, []string{"OK", "OK"}, answers["ours"][:2])
+	require.NotContains(t, answers["ours"][2:], "OK")
 }
