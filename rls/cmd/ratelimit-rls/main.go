@@ -120,6 +120,11 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	if len(s.notHonoured) > 0 {
 		log.Warn("ratelimit-rls: these settings of envoyproxy/ratelimit are set and not honoured: " + strings.Join(s.notHonoured, " "))
 	}
+	if s.prometheusMapper != "" {
+		// Envoy Gateway sets it to its statsd-exporter mapping, whose names
+		// and labels the metrics have already
+		log.Info("ratelimit-rls: PROMETHEUS_MAPPER_YAML is not applied: the metrics carry the names and labels of the reference's default mapping (Envoy Gateway's)", "file", s.prometheusMapper)
+	}
 	if s.stopIncrementOverLimit {
 		log.Info("ratelimit-rls: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT changes nothing: a request over any limit is counted under none, always")
 	}

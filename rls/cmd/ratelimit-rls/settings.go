@@ -36,6 +36,7 @@ type settings struct {
 	usePrometheus           bool
 	prometheusAddr          string
 	prometheusPath          string
+	prometheusMapper        string // PROMETHEUS_MAPPER_YAML: not applied; see run
 	grpcTLS                 bool
 	grpcCert, grpcKey       string
 	grpcClientCA            string
@@ -59,7 +60,7 @@ type settings struct {
 // the others (see readSettings and docs/envoy.md).
 var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE USE_DOG_STATSD
 USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL
-DISABLE_STATS PROMETHEUS_MAPPER_YAML PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
+DISABLE_STATS PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
 EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE REDIS_TLS_CLIENT_CERT
 REDIS_TLS_CLIENT_KEY REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW
 REDIS_PIPELINE_LIMIT REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE
@@ -154,8 +155,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		limitH:         str("LIMIT_LIMIT_HEADER", "RateLimit-Limit"), remainingH: str("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
 		resetH:        str("LIMIT_RESET_HEADER", "RateLimit-Reset"),
 		usePrometheus: flag("USE_PROMETHEUS", false), prometheusAddr: str("PROMETHEUS_ADDR", ":9090"),
-		prometheusPath: str("PROMETHEUS_PATH", "/metrics"),
-		grpcTLS:        flag("GRPC_SERVER_USE_TLS", false), grpcCert: str("GRPC_SERVER_TLS_CERT", ""),
+		prometheusPath: str("PROMETHEUS_PATH", "/metrics"), prometheusMapper: str("PROMETHEUS_MAPPER_YAML", ""),
+		grpcTLS: flag("GRPC_SERVER_USE_TLS", false), grpcCert: str("GRPC_SERVER_TLS_CERT", ""),
 		grpcKey: str("GRPC_SERVER_TLS_KEY", ""), grpcClientCA: str("GRPC_CLIENT_TLS_CACERT", str("GRPC_SERVER_TLS_CA_CERT", "")),
 		grpcClientSAN:          str("GRPC_CLIENT_TLS_SAN", ""),
 		stopIncrementOverLimit: flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false),
