@@ -369,7 +369,10 @@ func newRedis(s *settings) (redis.UniversalClient, error) {
 	}
 	var tlsConfig *tls.Config
 	if s.redisTLS {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		var err error
+		if tlsConfig, err = redisTLS(s); err != nil {
+			return nil, err
+		}
 	}
 	urls := strings.Split(s.redisURL, ",")
 	switch strings.ToUpper(s.redisType) {
@@ -392,6 +395,57 @@ func newRedis(s *settings) (redis.UniversalClient, error) {
 	return redis.NewClient(&redis.Options{Network: network, Addr: s.redisURL, Username: user, Password: pass,
 		PoolSize: s.redisPoolSize, TLSConfig: tlsConfig, ContextTimeoutEnabled: true,
 		DialTimeout: dialTimeout, DialerRetries: 1}), nil
+}
+
+// redisTLS returns the TLS to Redis, as the reference's settings say: the
+// client's certificate (REDIS_TLS_CLIENT_CERT, _KEY) for a server that asks
+// for one; Redis's certificate verified against REDIS_TLS_CACERT (else the
+// system's CAs, or Go's own where the system has none, as in the image)
+// and, unless REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, for the address's host.
+func redisTLS(s *settings) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.redisTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.redisTLSCert, s.redisTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if s.redisTLSCA != "" {
+		pem, err := os.ReadFile(s.redisTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CACERT: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CACERT: no certificate in %s", s.redisTLSCA)
+		}
+	}
+	if s.redisTLSSkipHostname {
+		// the chain is verified, the name is not
+		roots := c.RootCAs
+		c.InsecureSkipVerify = true
+		c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			certs := make([]*x509.Certificate, len(raw))
+			for i, der := range raw {
+				cert, err := x509.ParseCertificate(der)
+				if err != nil {
+					return err
+				}
+				certs[i] = cert
+			}
+			if len(certs) == 0 {
+				return errors.New("ratelimit-rls: Redis showed no certificate")
+			}
+			opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool()}
+			for _, cert := range certs[1:] {
+				opts.Intermediates.AddCert(cert)
+			}
+			_, err := certs[0].Verify(opts)
+			return err
+		}
+	}
+	return c, nil
 }
 
 // serverTLS returns the gRPC server's TLS: its certificate, and with

@@ -419,6 +419,39 @@ func TestDualStack(t *testing.T) {
 	require.NoError(t, err, "IPv6")
 }
 
+// TLS to Redis as the reference's settings and Envoy Gateway's give it: a
+// server that wants a client certificate (REDIS_TLS_CLIENT_CERT, _KEY),
+// verified against REDIS_TLS_CACERT; without the client's certificate,
+// UNAVAILABLE.
+func TestRedisTLS(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	ca := newCA(t)
+	server, client := ca.issue(t, "127.0.0.1"), ca.issue(t, "ratelimit")
+	tlsPort := testredis.FreePort(t)
+	testredis.Start(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", write("redis.crt", server.certPEM),
+		"--tls-key-file", write("redis.key", server.keyPEM), "--tls-ca-cert-file", write("ca.crt", ca.certPEM), "--tls-auth-clients", "yes")
+	env := []string{fmt.Sprintf("REDIS_URL=127.0.0.1:%d", tlsPort), "REDIS_TLS=true", "REDIS_TLS_CACERT=" + filepath.Join(dir, "ca.crt")}
+	s := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+write("client.crt", client.certPEM), "REDIS_TLS_CLIENT_KEY="+write("client.key", client.keyPEM))...)
+	r, err := ask(context.Background(), s.client(t), desc("user", "tls"))
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), r.Statuses[0].LimitRemaining, "decided in Redis")
+	require.NotContains(t, s.log.String(), "not honoured")
+
+	skip := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+filepath.Join(dir, "client.crt"), "REDIS_TLS_CLIENT_KEY="+filepath.Join(dir, "client.key"),
+		"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true")...)
+	_, err = ask(context.Background(), skip.client(t), desc("user", "tls-skip"))
+	require.NoError(t, err, "the chain verified, not the name")
+
+	noCert := start(t, env...)
+	_, err = ask(context.Background(), noCert.client(t), desc("user", "tls2"))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+}
+
 // fillUser sends the user ann's 2 a minute with the tenant acme, then ds,
 // and returns the answer to ds, which is over the user's limit.
 func fillUser(t *testing.T, c pb.RateLimitServiceClient, ds ...*rlv3.RateLimitDescriptor) *pb.RateLimitResponse {

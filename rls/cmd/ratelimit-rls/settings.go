@@ -22,6 +22,10 @@ type settings struct {
 	redisURL, redisType     string
 	redisAuth               string
 	redisTLS                bool
+	redisTLSCert            string // REDIS_TLS_CLIENT_CERT, with redisTLSKey: mTLS to Redis
+	redisTLSKey             string
+	redisTLSCA              string // REDIS_TLS_CACERT: the CA Redis's certificate chains to
+	redisTLSSkipHostname    bool   // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
 	redisPoolSize           int
 	cacheKeyPrefix          string
 	runtimeRoot, runtimeSub string
@@ -61,8 +65,8 @@ type settings struct {
 var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE USE_DOG_STATSD
 USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL
 DISABLE_STATS PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
-EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE REDIS_TLS_CLIENT_CERT
-REDIS_TLS_CLIENT_KEY REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW
+EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE
+REDIS_PIPELINE_WINDOW
 REDIS_PIPELINE_LIMIT REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE
 REDIS_PERSECOND_TYPE REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH
 REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH REDIS_PERSECOND_SENTINEL_AUTH
@@ -145,6 +149,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		redisSocketType: str("REDIS_SOCKET_TYPE", "unix"), redisType: str("REDIS_TYPE", "SINGLE"),
 		redisURL: str("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"), redisPoolSize: num("REDIS_POOL_SIZE", 10),
 		redisAuth: str("REDIS_AUTH", ""), redisTLS: flag("REDIS_TLS", false),
+		redisTLSCert: str("REDIS_TLS_CLIENT_CERT", ""), redisTLSKey: str("REDIS_TLS_CLIENT_KEY", ""),
+		redisTLSCA: str("REDIS_TLS_CACERT", ""), redisTLSSkipHostname: flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false),
 		cacheKeyPrefix: str("CACHE_KEY_PREFIX", ""),
 		runtimeRoot:    str("RUNTIME_ROOT", "/srv/runtime_data/current"), runtimeSub: str("RUNTIME_SUBDIRECTORY", ""),
 		runtimeApp: str("RUNTIME_APPDIRECTORY", "config"), runtimeWatchRoot: flag("RUNTIME_WATCH_ROOT", true),
@@ -196,6 +202,9 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 	case "FILE", "GRPC_XDS_SOTW":
 	default:
 		errs = append(errs, fmt.Sprintf("CONFIG_TYPE=%q is not FILE or GRPC_XDS_SOTW", s.configType))
+	}
+	if (s.redisTLSCert == "") != (s.redisTLSKey == "") {
+		errs = append(errs, "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
 	}
 	if (s.xds.clientCert == "") != (s.xds.clientKey == "") {
 		errs = append(errs, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together")
