@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 
@@ -57,10 +59,18 @@ func TestXDSPeer(t *testing.T) {
 		require.Equal(t, uint32(100), tenantLimit(t, s), node)
 		waitFor(t, node+"'s ACK of version 1", func() bool { return m.ackedBy(node, "1") })
 	}
+	pushed := time.Now()
 	push("2", apiConfig(500))
-	for node, s := range services {
-		waitFor(t, node+" under version 2", func() bool { return tenantLimit(t, s) == 500 })
-	}
+	took := map[string]time.Duration{}
+	waitFor(t, "both under version 2", func() bool {
+		for node, s := range services {
+			if _, done := took[node]; !done && tenantLimit(t, s) == 500 {
+				took[node] = time.Since(pushed)
+			}
+		}
+		return len(took) == len(services)
+	})
+	t.Logf("from the push to the first answer under it: %v", took)
 	broken := apiConfig(7)
 	broken.Domain = ""
 	push("3", broken)
@@ -107,6 +117,9 @@ domain: api
 descriptors:
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 8}
+  - key: tokens
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 `
 	ref := launchReference(t, bin, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
 	for name, data := range map[string]string{"a.yaml": first, "b.yaml": second} {
@@ -125,6 +138,14 @@ descriptors:
 	} {
 		for name, s := range map[string]*service{"reference": ref, "ours": ours} {
 			require.Equal(t, tc.rate, ruleOf(t, s, tc.key, tc.value), "%s: %s=%s", name, tc.key, tc.value)
+		}
+	}
+	// quota_mode: a soft limit, over it the request passes
+	for name, s := range map[string]*service{"reference": ref, "ours": ours} {
+		for i := range 3 {
+			r, err := ask(context.Background(), s.client(t), desc("tokens", "t"))
+			require.NoError(t, err)
+			require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "%s: request %d of 1 a minute in quota_mode", name, i+1)
 		}
 	}
 }

@@ -214,14 +214,14 @@ func (x *xdsClient) stream(ctx context.Context, client discovery.AggregatedDisco
 
 // refusedPace is how long a refused version sent again waits for its
 // NACK.
-const refusedPace = time.Second
+const refusedPace = 250 * time.Millisecond
 
 // handle applies resp and returns its ACK, or refuses it and returns the
 // NACK: the version applied last, resp's nonce and why; again reports a
 // response refused before, sent again.
 func (x *xdsClient) handle(resp *discovery.DiscoveryResponse) (req *discovery.DiscoveryRequest, again bool) {
 	defer x.firstOnce.Do(func() { close(x.first) })
-	req = &discovery.DiscoveryRequest{TypeUrl: configTypeURL, ResponseNonce: resp.GetNonce()}
+	req = &discovery.DiscoveryRequest{Node: x.node, TypeUrl: configTypeURL, ResponseNonce: resp.GetNonce()}
 	sum := digest(resp)
 	if x.refusedE != "" && sum == x.refused {
 		// sent again after its NACK: refused again, logged and counted once

@@ -166,7 +166,17 @@ func TestXDSPushes(t *testing.T) {
 
 	broken := apiConfig(7)
 	broken.Domain = ""
+	pushed = time.Now()
 	m.push(t, "3", broken)
+	waitFor(t, "the NACK of version 3", func() bool {
+		for _, r := range m.requests() {
+			if r.GetErrorDetail() != nil {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("from a push that does not load to its NACK: %v", time.Since(pushed))
 	var nacks []*discovery.DiscoveryRequest
 	waitFor(t, "version 3 refused again after its NACK", func() bool {
 		nacks = nacks[:0]
@@ -177,6 +187,11 @@ func TestXDSPushes(t *testing.T) {
 		}
 		return len(nacks) >= 3
 	})
+	for _, r := range m.requests() {
+		require.Equal(t, "envoy-ratelimit", r.GetNode().GetId(), "the node on every request")
+		require.Equal(t, configTypeURL, r.GetTypeUrl())
+		require.Empty(t, r.GetResourceNames(), "a wildcard subscription")
+	}
 	for _, n := range nacks {
 		require.Equal(t, "2", n.GetVersionInfo(), "a NACK names the version applied last")
 		require.NotEmpty(t, n.GetResponseNonce())
@@ -186,8 +201,10 @@ func TestXDSPushes(t *testing.T) {
 	require.Equal(t, 1, strings.Count(s.log.String(), "did not load"), "a refused version sent again is logged once")
 	require.False(t, m.acked("3"))
 
+	pushed = time.Now()
 	m.push(t, "4", apiConfig(42))
 	waitFor(t, "version 4 applied after the refused one", func() bool { return tenantLimit(t, s) == 42 })
+	t.Logf("from a good push after the refused one to the first answer under it: %v (the refusals are paced at %v)", time.Since(pushed), refusedPace)
 
 	m.push(t, "5")
 	waitFor(t, "every domain unloaded", func() bool { return tenantLimit(t, s) == 0 })
