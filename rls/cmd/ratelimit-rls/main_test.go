@@ -347,14 +347,9 @@ func TestMutualTLS(t *testing.T) {
 
 func testMutualTLS(t *testing.T, caVar string) {
 	redisSrv := testredis.Start(t)
-	dir := t.TempDir()
 	ca := newCA(t)
 	serverCert := ca.issue(t, "127.0.0.1")
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
+	write := writer(t)
 	s := start(t, "REDIS_URL="+redisSrv.Addr, "GRPC_SERVER_USE_TLS=true",
 		"GRPC_SERVER_TLS_CERT="+write("server.crt", serverCert.certPEM), "GRPC_SERVER_TLS_KEY="+write("server.key", serverCert.keyPEM),
 		caVar+"="+write("ca.crt", ca.certPEM), "GRPC_CLIENT_TLS_SAN=envoy.example")
@@ -424,25 +419,21 @@ func TestDualStack(t *testing.T) {
 // verified against REDIS_TLS_CACERT; without the client's certificate,
 // UNAVAILABLE.
 func TestRedisTLS(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
+	write := writer(t)
 	ca := newCA(t)
 	server, client := ca.issue(t, "127.0.0.1"), ca.issue(t, "ratelimit")
 	tlsPort := testredis.FreePort(t)
 	testredis.Start(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", write("redis.crt", server.certPEM),
-		"--tls-key-file", write("redis.key", server.keyPEM), "--tls-ca-cert-file", write("ca.crt", ca.certPEM), "--tls-auth-clients", "yes")
-	env := []string{fmt.Sprintf("REDIS_URL=127.0.0.1:%d", tlsPort), "REDIS_TLS=true", "REDIS_TLS_CACERT=" + filepath.Join(dir, "ca.crt")}
-	s := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+write("client.crt", client.certPEM), "REDIS_TLS_CLIENT_KEY="+write("client.key", client.keyPEM))...)
+		"--tls-key-file", write("redis.key", server.keyPEM), "--tls-ca-cert-file", write("redis-ca.crt", ca.certPEM), "--tls-auth-clients", "yes")
+	caFile, certFile, keyFile := write("ca.crt", ca.certPEM), write("client.crt", client.certPEM), write("client.key", client.keyPEM)
+	env := []string{fmt.Sprintf("REDIS_URL=127.0.0.1:%d", tlsPort), "REDIS_TLS=true", "REDIS_TLS_CACERT=" + caFile}
+	s := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+certFile, "REDIS_TLS_CLIENT_KEY="+keyFile)...)
 	r, err := ask(context.Background(), s.client(t), desc("user", "tls"))
 	require.NoError(t, err)
 	require.Equal(t, uint32(1), r.Statuses[0].LimitRemaining, "decided in Redis")
 	require.NotContains(t, s.log.String(), "not honoured")
 
-	skip := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+filepath.Join(dir, "client.crt"), "REDIS_TLS_CLIENT_KEY="+filepath.Join(dir, "client.key"),
+	skip := start(t, append(env, "REDIS_TLS_CLIENT_CERT="+certFile, "REDIS_TLS_CLIENT_KEY="+keyFile,
 		"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true")...)
 	_, err = ask(context.Background(), skip.client(t), desc("user", "tls-skip"))
 	require.NoError(t, err, "the chain verified, not the name")
@@ -450,6 +441,17 @@ func TestRedisTLS(t *testing.T) {
 	noCert := start(t, env...)
 	_, err = ask(context.Background(), noCert.client(t), desc("user", "tls2"))
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+}
+
+// writer returns a function that writes a file of data, named name, in a
+// directory of t's own, and returns its path.
+func writer(t *testing.T) func(name string, data []byte) string {
+	dir := t.TempDir()
+	return func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
 }
 
 // fillUser sends the user ann's 2 a minute with the tenant acme, then ds,

@@ -11,8 +11,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -253,12 +251,7 @@ func TestXDSStartAndReconnect(t *testing.T) {
 // wants TLS 1.3 and a client certificate. The server's name is checked.
 func TestXDSMutualTLS(t *testing.T) {
 	redisSrv := testredis.Start(t)
-	dir := t.TempDir()
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
+	write := writer(t)
 	ca := newRSACA(t)
 	serverPEM, serverKey := ca.issue(t, "envoy-gateway")
 	clientPEM, clientKey := ca.issue(t, "envoy-ratelimit")
