@@ -79,9 +79,13 @@ func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } 
 func WithFailurePolicy(on bool) Option { return func(o *options) { o.policy = on } }
 
 // WithResponseHeaders adds the limit, remaining and reset headers of the
-// descriptor nearest its limit to every response, under these names (the
-// reference's LIMIT_RESPONSE_HEADERS_ENABLED; its names are RateLimit-Limit,
-// RateLimit-Remaining and RateLimit-Reset).
+// binding descriptor to every response, under these names (the reference's
+// LIMIT_RESPONSE_HEADERS_ENABLED; its names are RateLimit-Limit,
+// RateLimit-Remaining and RateLimit-Reset). The binding descriptor is the
+// one ratelimit.Binding would pick: of those over their limits the longest
+// wait, else the fewest remaining. There is no reset header for a request
+// that can never pass, and only the limit header when the failure policy
+// decided (Redis could not: the counts are unknown).
 func WithResponseHeaders(limit, remaining, reset string) Option {
 	return func(o *options) { o.limitH, o.remainingH, o.resetH = limit, remaining, reset }
 }
@@ -427,13 +431,17 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 		st.CurrentLimit = nil
 	default:
 		res := results[d.quota]
-		_, isOver, remaining := d.view(quotas, results)
+		counted, isOver, remaining := d.view(quotas, results)
 		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		wait := res.ResetAfter
 		if isOver {
 			// 0 remaining, as the reference says of a descriptor over its
-			// limit, even where a request of fewer hits would fit
-			st.Code, st.LimitRemaining, wait = pb.RateLimitResponse_OVER_LIMIT, 0, res.RetryAfter
+			// limit, even where a request of fewer hits would fit; a shadow
+			// rule over beside an allowed one waits for its count to go
+			st.Code, st.LimitRemaining = pb.RateLimitResponse_OVER_LIMIT, 0
+			if !counted {
+				wait = res.RetryAfter
+			}
 			if r.Shadow {
 				st.Code = pb.RateLimitResponse_OK
 			}
@@ -468,8 +476,10 @@ func (d *descriptor) view(quotas []ratelimit.Quota, results []ratelimit.Result) 
 	// a Shadow quota is counted when it alone admits its cost, whatever the
 	// decision
 	if !res.Shadowed && (res.Allowed || res.Limit.Shadow) {
+		// over only for a shadow rule beside one that is not, which the
+		// quota's rate leaves out (quotasOf)
 		after := res.Count - quotas[d.quota].Cost + d.upTo
-		return true, false, max(0, rate-after)
+		return true, after > rate, max(0, rate-after)
 	}
 	if res.Count+d.upTo > rate {
 		return false, true, 0

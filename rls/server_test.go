@@ -346,7 +346,10 @@ func TestMetricLabels(t *testing.T) {
 // once one quota at the shadow rule's rate, which 2 hits never fit:
 // nothing was counted and every request passed.)
 func TestShadowRuleBesideOverride(t *testing.T) {
-	f := newFixture(t)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	f := newFixture(t, WithMetrics(m))
 	over := desc("trial", "t")
 	over.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 2} // a minute
 	var codes []pb.RateLimitResponse_Code
@@ -358,6 +361,11 @@ func TestShadowRuleBesideOverride(t *testing.T) {
 	}
 	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OK, pb.RateLimitResponse_OK,
 		pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OVER_LIMIT}, codes, "2 hits a request against 5")
+	// the shadow rule of 1: within for the first request's hit (1 of 1),
+	// over from the second (3 of 1), counted or not
+	labels := []string{"api", "trial", ""}
+	require.Equal(t, 1.0, testutil.ToFloat64(m.withinLimit.WithLabelValues(labels...)))
+	require.Equal(t, 3.0, testutil.ToFloat64(m.shadowMode.WithLabelValues(labels...)))
 }
 
 // Two rules of one count, each checked with the hits up to its own, as
@@ -446,5 +454,7 @@ func TestQuotaModeDecision(t *testing.T) {
 		r := f.ask(t, 0, desc("tokens", "t"))
 		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
 		require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
+		require.Zero(t, r.Statuses[0].LimitRemaining, "counted: 1 of 1, then over")
+		require.NotNil(t, r.Statuses[0].CurrentLimit, "a limit, not unlimited")
 	}
 }

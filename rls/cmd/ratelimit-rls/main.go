@@ -100,8 +100,9 @@ func main() {
 	}
 }
 
-// versionLine names the command's module version (as go install built
-// it; "(devel)" from a working tree) and its Go.
+// versionLine names the command's module version, as the go command
+// stamped it (a release, a pseudo-version from a working tree, or
+// "(devel)" under go run), and its Go.
 func versionLine() string {
 	v := "(unknown)"
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -192,11 +193,29 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 		serverOpts = append(serverOpts, rls.WithMetrics(metrics))
 	}
 	server := rls.NewServer(limiter, nil, serverOpts...)
+	// the gRPC server's TLS before the first configuration, so that a
+	// setting in error is said at once
+	grpcOpts := []grpc.ServerOption{}
+	if s.grpcTLS {
+		creds, err := serverTLS(s)
+		if err != nil {
+			return err
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(creds))
+	}
+	healthSrv := health.NewServer()
+	healthy := &healthCheck{grpc: healthSrv}
+	healthy.ok.Store(true)
+	if s.healthyWithConfig {
+		healthy.loaded = func() bool { cfg := server.Config(); return cfg != nil && len(cfg.Domains()) > 0 }
+	}
+	healthy.sync()
 	var watcher *configWatcher
 	source := "files in " + s.configDir()
 	if s.configType == "GRPC_XDS_SOTW" {
 		source = fmt.Sprintf("xDS from %s as node %q", s.xds.url, s.xds.nodeID)
 		xds := newXDSClient(s.xds, s.loader(), server, metrics, log)
+		xds.applied = healthy.sync
 		conn, err := xds.dial()
 		if err != nil {
 			return err
@@ -218,21 +237,13 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 			}
 		}
 	} else {
-		watcher = &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, load: s.loader(), server: server, metrics: metrics, log: log}
+		watcher = &configWatcher{dir: s.configDir(), ignoreDot: s.runtimeIgnoreDotFiles, load: s.loader(), server: server,
+			applied: healthy.sync, metrics: metrics, log: log}
 		watcher.poll()
 	}
 
-	grpcOpts := []grpc.ServerOption{}
-	if s.grpcTLS {
-		creds, err := serverTLS(s)
-		if err != nil {
-			return err
-		}
-		grpcOpts = append(grpcOpts, grpc.Creds(creds))
-	}
 	g := grpc.NewServer(grpcOpts...)
 	server.Register(g)
-	healthSrv := health.NewServer()
 	healthpb.RegisterHealthServer(g, healthSrv)
 	reflection.Register(g) // grpcurl and the like without a protoset
 	grpcLn, err := net.Listen("tcp", net.JoinHostPort(s.grpcHost, strconv.Itoa(s.grpcPort)))
@@ -243,11 +254,6 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	if err != nil {
 		grpcLn.Close()
 		return err
-	}
-	healthy := &healthCheck{}
-	healthy.ok.Store(true)
-	if s.healthyWithConfig {
-		healthy.loaded = func() bool { return server.Config() != nil }
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthcheck", healthy)
@@ -405,20 +411,16 @@ func newRedis(s *settings) (redis.UniversalClient, error) {
 func redisTLS(s *settings) (*tls.Config, error) {
 	c := &tls.Config{MinVersion: tls.VersionTLS12}
 	if s.redisTLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(s.redisTLSCert, s.redisTLSKey)
+		cert, err := keyPair(s.redisTLSCert, s.redisTLSKey, "REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY")
 		if err != nil {
-			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: %w", err)
+			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	if s.redisTLSCA != "" {
-		pem, err := os.ReadFile(s.redisTLSCA)
-		if err != nil {
-			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CACERT: %w", err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ratelimit-rls: REDIS_TLS_CACERT: no certificate in %s", s.redisTLSCA)
+		var err error
+		if c.RootCAs, err = caPool(s.redisTLSCA, "REDIS_TLS_CACERT"); err != nil {
+			return nil, err
 		}
 	}
 	if s.redisTLSSkipHostname {
@@ -448,23 +450,43 @@ func redisTLS(s *settings) (*tls.Config, error) {
 	return c, nil
 }
 
+// keyPair loads a certificate and its key from the files cert and key,
+// which the settings vars name.
+func keyPair(cert, key, vars string) (tls.Certificate, error) {
+	c, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return c, fmt.Errorf("ratelimit-rls: %s: %w", vars, err)
+	}
+	return c, nil
+}
+
+// caPool returns the CA certificates of the PEM file path, which the
+// setting name names.
+func caPool(path, name string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit-rls: %s: %w", name, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("ratelimit-rls: %s: no certificate in %s", name, path)
+	}
+	return pool, nil
+}
+
 // serverTLS returns the gRPC server's TLS: its certificate, and with
 // GRPC_CLIENT_TLS_CACERT, clients must show one that CA signed (mTLS), and
 // with GRPC_CLIENT_TLS_SAN, one that names that SAN.
 func serverTLS(s *settings) (credentials.TransportCredentials, error) {
-	cert, err := tls.LoadX509KeyPair(s.grpcCert, s.grpcKey)
+	cert, err := keyPair(s.grpcCert, s.grpcKey, "GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY")
 	if err != nil {
-		return nil, fmt.Errorf("ratelimit-rls: GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY: %w", err)
+		return nil, err
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if s.grpcClientCA != "" {
-		pem, err := os.ReadFile(s.grpcClientCA)
+		pool, err := caPool(s.grpcClientCA, "GRPC_CLIENT_TLS_CACERT (or GRPC_SERVER_TLS_CA_CERT)")
 		if err != nil {
-			return nil, fmt.Errorf("ratelimit-rls: GRPC_CLIENT_TLS_CACERT: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ratelimit-rls: GRPC_CLIENT_TLS_CACERT: no certificate in %s", s.grpcClientCA)
+			return nil, err
 		}
 		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
@@ -499,18 +521,35 @@ func names(cert *x509.Certificate, san string) bool {
 	return false
 }
 
-// healthCheck answers GET /healthcheck: OK while serving, 500 once
-// shutting down, and with loaded (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)
-// 500 until a configuration is loaded.
+// healthCheck answers GET /healthcheck, and keeps grpc.health.v1's status
+// of the server ("") and of "ratelimit" (the reference's name) the same:
+// healthy while serving, not once shutting down, and with loaded
+// (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED) not until a configuration of
+// at least one domain is loaded, as the reference.
 type healthCheck struct {
 	ok     atomic.Bool
 	loaded func() bool
+	grpc   *health.Server
+}
+
+// healthy reports whether the service is.
+func (h *healthCheck) healthy() bool { return h.ok.Load() && (h.loaded == nil || h.loaded()) }
+
+// sync sets the gRPC health to what ServeHTTP answers; it is called at
+// start-up and when a configuration is applied.
+func (h *healthCheck) sync() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if h.healthy() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	h.grpc.SetServingStatus("", st)
+	h.grpc.SetServingStatus("ratelimit", st)
 }
 
 // ServeHTTP answers OK, or 500 once shutting down or while a configuration
 // it needs is missing.
 func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	if !h.ok.Load() || h.loaded != nil && !h.loaded() {
+	if !h.healthy() {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
@@ -562,6 +601,7 @@ type configWatcher struct {
 	ignoreDot bool
 	load      func([]rls.File) (*rls.Config, error) // rls.LoadConfig, or LoadConfigMerged
 	server    *rls.Server
+	applied   func() // after a configuration is applied
 	metrics   *rls.Metrics
 	log       *slog.Logger
 	seen      [sha256.Size]byte
@@ -597,6 +637,9 @@ func (c *configWatcher) poll() {
 		return
 	}
 	c.server.SetConfig(cfg)
+	if c.applied != nil {
+		c.applied()
+	}
 	c.log.Info("ratelimit-rls: configuration loaded", "dir", c.dir, "domains", cfg.Domains())
 }
 

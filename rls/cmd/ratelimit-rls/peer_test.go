@@ -51,19 +51,23 @@ descriptors:
 // names it; .ci/run builds it with go install) on redisAddr with config.
 func startReference(t *testing.T, bin, redisAddr, config string) string {
 	t.Helper()
-	s := launchReference(t, bin, "REDIS_URL="+redisAddr)
-	require.NoError(t, os.WriteFile(filepath.Join(s.configDir, "config.yaml"), []byte(config), 0o644))
+	s := launchReference(t, bin, map[string]string{"config.yaml": config}, "REDIS_URL="+redisAddr)
 	s.waitHealthy(t)
 	return s.grpcAddr
 }
 
 // launchReference starts the reference as launch starts this service: its
-// ports, a configuration directory (empty), the environment env on top.
-func launchReference(t *testing.T, bin string, env ...string) *service {
+// ports, a configuration directory of files (by name; written before it
+// starts, since it reads them once at start-up and then watches), the
+// environment env on top.
+func launchReference(t *testing.T, bin string, files map[string]string, env ...string) *service {
 	t.Helper()
 	root := t.TempDir()
 	s := &service{configDir: filepath.Join(root, "ratelimit", "config"), log: &syncBuffer{}}
 	require.NoError(t, os.MkdirAll(s.configDir, 0o755))
+	for name, data := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(s.configDir, name), []byte(data), 0o644))
+	}
 	grpcPort, httpPort, debugPort := testredis.FreePort(t), testredis.FreePort(t), testredis.FreePort(t)
 	s.grpcAddr, s.httpAddr = fmt.Sprintf("127.0.0.1:%d", grpcPort), fmt.Sprintf("127.0.0.1:%d", httpPort)
 	s.cmd = exec.Command(bin)
@@ -83,7 +87,8 @@ func launchReference(t *testing.T, bin string, env ...string) *service {
 	return s
 }
 
-// reference returns the reference's binary, or skips the test saying why.
+// referenceBinary returns the reference's binary, or skips the test saying
+// why.
 func referenceBinary(t *testing.T) string {
 	bin := os.Getenv("RLS_REFERENCE")
 	if bin == "" {

@@ -31,7 +31,7 @@ func TestXDSPeer(t *testing.T) {
 			"CONFIG_GRPC_XDS_NODE_ID=" + node, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=200ms"}
 	}
 	services := map[string]*service{
-		"reference": launchReference(t, bin, xdsEnvOf("reference")...),
+		"reference": launchReference(t, bin, nil, xdsEnvOf("reference")...),
 		"ours":      launch(t, xdsEnvOf("ours")...),
 	}
 	push := func(version string, configs ...*rlsconf.RateLimitConfig) {
@@ -53,10 +53,10 @@ func TestXDSPeer(t *testing.T) {
 		_, err := http.Get("http://" + s.httpAddr + "/healthcheck")
 		require.Error(t, err, "%s: no port before the first configuration", node)
 	}
-	push("1", apiConfig(100))
+	push("1", apiConfig(123))
 	for node, s := range services {
 		s.waitHealthy(t)
-		require.Equal(t, uint32(100), tenantLimit(t, s), node)
+		require.Equal(t, uint32(123), tenantLimit(t, s), node)
 		waitFor(t, node+"'s ACK of version 1", func() bool { return m.ackedBy(node, "1") })
 	}
 	pushed := time.Now()
@@ -121,10 +121,7 @@ descriptors:
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
 `
-	ref := launchReference(t, bin, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
-	for name, data := range map[string]string{"a.yaml": first, "b.yaml": second} {
-		require.NoError(t, os.WriteFile(filepath.Join(ref.configDir, name), []byte(data), 0o644))
-	}
+	ref := launchReference(t, bin, map[string]string{"a.yaml": first, "b.yaml": second}, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
 	ref.waitHealthy(t)
 	ours := start(t, "REDIS_URL="+redisSrv.Addr, "MERGE_DOMAIN_CONFIG=true")
 	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "config.yaml"), []byte(first), 0o644))
@@ -173,8 +170,7 @@ descriptors:
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
 `
-	ref := launchReference(t, bin, "REDIS_URL="+redisSrv.Addr, "CACHE_KEY_PREFIX=ref")
-	require.NoError(t, os.WriteFile(filepath.Join(ref.configDir, "config.yaml"), []byte(config), 0o644))
+	ref := launchReference(t, bin, map[string]string{"config.yaml": config}, "REDIS_URL="+redisSrv.Addr, "CACHE_KEY_PREFIX=ref")
 	ref.waitHealthy(t)
 	ours := start(t, "REDIS_URL="+redisSrv.Addr)
 	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "config.yaml"), []byte(config), 0o644))

@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -193,8 +194,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 	s.xds.backoffFactor = 0.5
 	if v, ok := env("XDS_CLIENT_BACKOFF_RANDOM_FACTOR"); ok && v != "" {
 		r, err := strconv.ParseFloat(v, 64)
-		if err != nil || r < 0 || r > 1 {
-			errs = append(errs, fmt.Sprintf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q is not a ratio between 0 and 1", v))
+		if err != nil || r < 0 || math.IsInf(r, 0) {
+			errs = append(errs, fmt.Sprintf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q is not a number of 0 or more", v))
 		}
 		s.xds.backoffFactor = r
 	}
@@ -237,7 +238,7 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 	}
 	for _, name := range reference {
 		v, ok := env(name)
-		if off, err := strconv.ParseBool(v); ok && v != "" && !(followedWhenFalse[name] && err == nil && !off) {
+		if on, err := strconv.ParseBool(v); ok && v != "" && !(followedWhenFalse[name] && err == nil && !on) {
 			s.notHonoured = append(s.notHonoured, name)
 		}
 	}

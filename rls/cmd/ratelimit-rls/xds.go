@@ -11,11 +11,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -52,7 +51,7 @@ type xdsSettings struct {
 	serverCA, serverSAN   string // who the server must be; no CA: the system's
 	backoffInitial        time.Duration
 	backoffMax            time.Duration
-	backoffFactor         float64 // the random part of a wait, ± this share
+	backoffFactor         float64 // XDS_CLIENT_BACKOFF_RANDOM_FACTOR: the reference's growth factor (see backoff)
 	backoffJitter         bool
 	maxMsgSize            int // 0: gRPC's default
 }
@@ -63,14 +62,13 @@ type xdsClient struct {
 	s       xdsSettings
 	load    func([]rls.File) (*rls.Config, error) // rls.LoadConfig, or LoadConfigMerged
 	server  *rls.Server
+	applied func() // after a configuration is applied, if not nil
 	metrics *rls.Metrics
 	log     *slog.Logger
 	node    *core.Node
 
 	first     chan struct{} // closed once the first response is handled, loaded or not
 	firstOnce sync.Once
-	loaded    chan struct{} // closed once a configuration is applied
-	onLoaded  sync.Once
 
 	// the stream's state, kept across streams: the version applied last,
 	// and the digest and error of the response refused last (a snapshot
@@ -88,7 +86,7 @@ func newXDSClient(s xdsSettings, load func([]rls.File) (*rls.Config, error), ser
 	}
 	return &xdsClient{s: s, load: load, server: server, metrics: metrics, log: log,
 		node:  &core.Node{Id: s.nodeID, Metadata: md},
-		first: make(chan struct{}), loaded: make(chan struct{})}
+		first: make(chan struct{})}
 }
 
 // dial returns the connection to the management server: TLS as the
@@ -121,51 +119,70 @@ func (x *xdsClient) dial() (*grpc.ClientConn, error) {
 func (x *xdsClient) tlsConfig() (*tls.Config, error) {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: x.s.serverSAN}
 	if x.s.clientCert != "" {
-		cert, err := tls.LoadX509KeyPair(x.s.clientCert, x.s.clientKey)
+		cert, err := keyPair(x.s.clientCert, x.s.clientKey, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT, CONFIG_GRPC_XDS_CLIENT_TLS_KEY")
 		if err != nil {
-			return nil, fmt.Errorf("ratelimit-rls: CONFIG_GRPC_XDS_CLIENT_TLS_CERT, CONFIG_GRPC_XDS_CLIENT_TLS_KEY: %w", err)
+			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	if x.s.serverCA != "" {
-		pem, err := os.ReadFile(x.s.serverCA)
-		if err != nil {
-			return nil, fmt.Errorf("ratelimit-rls: CONFIG_GRPC_XDS_SERVER_TLS_CACERT: %w", err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ratelimit-rls: CONFIG_GRPC_XDS_SERVER_TLS_CACERT: no certificate in %s", x.s.serverCA)
+		var err error
+		if c.RootCAs, err = caPool(x.s.serverCA, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"); err != nil {
+			return nil, err
 		}
 	}
 	return c, nil
 }
 
 // run keeps a stream open on conn until ctx ends: when one ends, the next
-// opens after a wait that grows from backoffInitial to backoffMax, and
-// starts again from backoffInitial once a stream has brought a response.
+// opens after the wait backoff gives, which starts again from its first
+// once a stream has brought a response.
 func (x *xdsClient) run(ctx context.Context, conn *grpc.ClientConn) {
-	wait := x.s.backoffInitial
 	client := discovery.NewAggregatedDiscoveryServiceClient(conn)
-	for {
+	for attempt := 0; ; attempt++ {
 		answered, err := x.stream(ctx, client)
 		if ctx.Err() != nil {
 			return
 		}
 		if answered {
-			wait = x.s.backoffInitial
+			attempt = 0
 		}
-		d := wait
-		if x.s.backoffJitter && x.s.backoffFactor > 0 {
-			d = time.Duration(float64(d) * (1 + x.s.backoffFactor*(2*rand.Float64()-1)))
-		}
+		d := x.backoff(attempt, rand.Float64())
 		x.log.Warn("ratelimit-rls: the xDS stream ended or did not open; "+kept(x.server)+"; trying again", "server", x.s.url, "error", err, "in", d.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(d):
 		}
-		wait = min(2*wait, x.s.backoffMax)
 	}
+}
+
+// backoff returns the wait before a stream's attempt-th retry (from 0), as
+// the reference's client computes it (jpillora/backoff): backoffInitial ×
+// factor^attempt (a factor of 0 is 2), with jitter a point between
+// backoffInitial and that, r of the way (r in [0, 1)), kept within
+// [backoffInitial, backoffMax]. The reference's default factor, 0.5, keeps
+// every wait at backoffInitial.
+func (x *xdsClient) backoff(attempt int, r float64) time.Duration {
+	lo, hi := x.s.backoffInitial, x.s.backoffMax
+	if lo >= hi {
+		return hi
+	}
+	factor := x.s.backoffFactor
+	if factor <= 0 {
+		factor = 2
+	}
+	d := float64(lo) * math.Pow(factor, float64(attempt))
+	if x.s.backoffJitter {
+		d = r*(d-float64(lo)) + float64(lo)
+	}
+	switch {
+	case d > float64(hi):
+		return hi
+	case d < float64(lo):
+		return lo
+	}
+	return time.Duration(d)
 }
 
 // stream subscribes once and handles the responses until the stream
@@ -221,7 +238,7 @@ const refusedPace = 250 * time.Millisecond
 // response refused before, sent again.
 func (x *xdsClient) handle(resp *discovery.DiscoveryResponse) (req *discovery.DiscoveryRequest, again bool) {
 	defer x.firstOnce.Do(func() { close(x.first) })
-	req = &discovery.DiscoveryRequest{Node: x.node, TypeUrl: configTypeURL, ResponseNonce: resp.GetNonce()}
+	req = &discovery.DiscoveryRequest{Node: x.node, TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 	sum := digest(resp)
 	if x.refusedE != "" && sum == x.refused {
 		// sent again after its NACK: refused again, logged and counted once
@@ -241,8 +258,10 @@ func (x *xdsClient) handle(resp *discovery.DiscoveryResponse) (req *discovery.Di
 	}
 	x.refusedE = ""
 	x.server.SetConfig(cfg)
+	if x.applied != nil {
+		x.applied()
+	}
 	x.version = resp.GetVersionInfo()
-	x.onLoaded.Do(func() { close(x.loaded) })
 	x.log.Info("ratelimit-rls: configuration loaded over xDS", "version", x.version, "domains", cfg.Domains())
 	req.VersionInfo = x.version
 	return req, false

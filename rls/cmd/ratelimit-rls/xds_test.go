@@ -28,6 +28,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -115,7 +117,8 @@ func (m *management) ackedBy(node, version string) bool {
 }
 
 // apiConfig is the tests' file config as a pushed resource, the tenant's
-// rate tenantRate.
+// rate tenantRate (not the file's 100, so that an answer tells the two
+// apart).
 func apiConfig(tenantRate uint32) *rlsconf.RateLimitConfig {
 	return &rlsconf.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlsconf.RateLimitDescriptor{
 		{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 2}},
@@ -150,9 +153,9 @@ func tenantLimit(t *testing.T, s *service) uint32 {
 func TestXDSPushes(t *testing.T) {
 	redisSrv := testredis.Start(t)
 	m := startManagement(t, "127.0.0.1:0")
-	m.push(t, "1", apiConfig(100))
+	m.push(t, "1", apiConfig(123))
 	s := start(t, xdsEnv(m.addr, "REDIS_URL="+redisSrv.Addr)...)
-	require.Equal(t, uint32(100), tenantLimit(t, s))
+	require.Equal(t, uint32(123), tenantLimit(t, s))
 	require.Contains(t, s.log.String(), `config="xDS from `+m.addr+` as node \"envoy-ratelimit\""`, "the start-up line names the source")
 	waitFor(t, "the ACK of version 1", func() bool { return m.acked("1") })
 
@@ -225,9 +228,9 @@ func TestXDSStartAndReconnect(t *testing.T) {
 	_, err := http.Get("http://" + waiting.httpAddr + "/healthcheck")
 	require.Error(t, err, "no port before the first configuration")
 	require.Contains(t, waiting.log.String(), "waiting for the first configuration over xDS")
-	m.push(t, "1", apiConfig(100))
+	m.push(t, "1", apiConfig(123))
 	waiting.waitHealthy(t)
-	require.Equal(t, uint32(100), tenantLimit(t, waiting))
+	require.Equal(t, uint32(123), tenantLimit(t, waiting))
 
 	// FORCE_START, with the management server down
 	addr := m.addr
@@ -261,12 +264,12 @@ func TestXDSMutualTLS(t *testing.T) {
 	pool.AddCert(ca.cert)
 	m := startManagement(t, "127.0.0.1:0", grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverPair},
 		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13})))
-	m.push(t, "1", apiConfig(100))
+	m.push(t, "1", apiConfig(123))
 	tlsEnv := []string{"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + write("ca.crt", ca.certPEM),
 		"CONFIG_GRPC_XDS_SERVER_TLS_SAN=envoy-gateway"}
 	s := start(t, xdsEnv(m.addr, append(tlsEnv, "REDIS_URL="+redisSrv.Addr,
 		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+write("tls.crt", clientPEM), "CONFIG_GRPC_XDS_CLIENT_TLS_KEY="+write("tls.key", clientKey))...)...)
-	require.Equal(t, uint32(100), tenantLimit(t, s))
+	require.Equal(t, uint32(123), tenantLimit(t, s))
 
 	// without a client certificate: never configured
 	noCert := start(t, xdsEnv(m.addr, append(tlsEnv, "REDIS_URL="+redisSrv.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")...)...)
@@ -413,4 +416,70 @@ func TestXDSEnvoyGatewayShapes(t *testing.T) {
 	cost.HitsAddend = wrapperspb.UInt64(4) // the response's cost, as Envoy Gateway sends it
 	r := call(cost)
 	require.Equal(t, uint32(6), r.Statuses[0].LimitRemaining, "4 of 10 counted")
+}
+
+// The wait before a stream opens again, as the reference's client
+// computes it (jpillora/backoff): its default factor of 0.5 keeps every
+// wait at the initial interval; a factor of 2 doubles it up to the max;
+// jitter picks a point between the initial and that.
+func TestXDSBackoff(t *testing.T) {
+	s, err := readSettings(env())
+	require.NoError(t, err)
+	x := &xdsClient{s: s.xds}
+	for attempt := range 5 {
+		require.Equal(t, 10*time.Second, x.backoff(attempt, 0.9), "the reference's defaults")
+	}
+	x.s.backoffFactor, x.s.backoffJitter = 2, false
+	var waits []time.Duration
+	for attempt := range 5 {
+		waits = append(waits, x.backoff(attempt, 0.9))
+	}
+	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}, waits)
+	x.s.backoffJitter = true
+	require.Equal(t, 15*time.Second, x.backoff(1, 0.5), "halfway between 10 s and 20 s")
+	x.s.backoffFactor = 0
+	require.Equal(t, 40*time.Second, x.backoff(2, 1), "a factor of 0 is 2")
+	x.s.backoffInitial = 2 * time.Minute
+	require.Equal(t, time.Minute, x.backoff(0, 0), "an initial above the max: the max")
+}
+
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the reference: unhealthy
+// (/healthcheck 500, grpc.health.v1 NOT_SERVING, "" and "ratelimit") until
+// a configuration of at least one domain is loaded, and again once an
+// empty one is.
+func TestXDSHealthyWithConfig(t *testing.T) {
+	redisSrv := testredis.Start(t)
+	m := startManagement(t, "127.0.0.1:0")
+	s := launch(t, xdsEnv(m.addr, "REDIS_URL="+redisSrv.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true")...)
+	httpHealth := func() int {
+		resp, err := http.Get("http://" + s.httpAddr + "/healthcheck")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	grpcHealth := func(service string) healthpb.HealthCheckResponse_ServingStatus {
+		r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			return healthpb.HealthCheckResponse_UNKNOWN
+		}
+		return r.GetStatus()
+	}
+	healthy := func(want bool) func() bool {
+		code, st := http.StatusInternalServerError, healthpb.HealthCheckResponse_NOT_SERVING
+		if want {
+			code, st = http.StatusOK, healthpb.HealthCheckResponse_SERVING
+		}
+		return func() bool { return httpHealth() == code && grpcHealth("") == st && grpcHealth("ratelimit") == st }
+	}
+	waitFor(t, "unhealthy with no configuration", healthy(false))
+	m.push(t, "1", apiConfig(123))
+	waitFor(t, "healthy with one", healthy(true))
+	m.push(t, "2")
+	waitFor(t, "unhealthy with an empty one", healthy(false))
 }
