@@ -6,6 +6,8 @@ package ratelimit
 
 import (
 	"fmt"
+	"hash/maphash"
+	"sync/atomic"
 	"time"
 )
 
@@ -150,4 +152,89 @@ func (p Period) bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 		start, end = end, midnight(p.next(c), loc)
 	}
 	return start, end
+}
+
+// PerPeriod returns a Limit of rate requests per calendar period p in loc
+// (nil: UTC): PerPeriod(10_000, Daily, berlin) starts again at each
+// midnight in Berlin.
+func PerPeriod(rate int64, p Period, loc *time.Location) Limit {
+	return Limit{Rate: rate, Calendar: p, Location: loc}
+}
+
+// zoneName returns the name that tells loc's periods apart: "UTC" for nil.
+func zoneName(loc *time.Location) string {
+	if loc == nil {
+		return "UTC"
+	}
+	return loc.String()
+}
+
+// calendarProblem says what makes a calendar limit unusable; "" for
+// nothing.
+func (l Limit) calendarProblem() string {
+	switch {
+	case !l.Calendar.valid():
+		return fmt.Sprintf("calendar %v is none of Daily, Weekly, Monthly and Yearly", l.Calendar)
+	case l.Window != 0:
+		return fmt.Sprintf("calendar %v with a window of %v: a calendar limit has no Window", l.Calendar, l.Window)
+	case l.Strict:
+		return fmt.Sprintf("calendar %v with Strict: a period is already a hard bound within itself", l.Calendar)
+	case l.Location != nil && (l.Location.String() == "Local" || l.Location.String() == ""):
+		// time.Local is each machine's own zone, named "Local" on all of
+		// them: servers whose zones differ would share keys and disagree
+		// on where periods start.
+		return fmt.Sprintf("calendar location %q: name the zone (time.LoadLocation(\"Europe/Berlin\"), time.FixedZone(\"UTC+1\", 3600)), "+
+			"so that every server counts in the same one", l.Location.String())
+	case l.Rate > maxProduct:
+		return fmt.Sprintf("rate %d is above 2^53, the most a count holds", l.Rate)
+	}
+	return ""
+}
+
+// periodSpan is a calendar period as found once: its start and end in Unix
+// ms, for the zone loc, as bounds finds them.
+type periodSpan struct {
+	loc        *time.Location
+	p          Period
+	start, end int64
+}
+
+// periodCache holds the periods found last, per slot: a decision in the
+// same period as the last one of its zone and kind finds it there, with no
+// walk of the zone's rules. A slot holds one zone at a time; zones whose
+// slots collide find their periods again, which costs time, never a wrong
+// period (an entry is used only for its own *time.Location).
+var periodCache [64]atomic.Pointer[periodSpan]
+
+// periodSeed hashes a zone's name to its slot of periodCache.
+var periodSeed = maphash.MakeSeed()
+
+// locateCalendar returns the position of Unix millisecond t in limit's
+// calendar periods: i the period's start in Unix ms, w its length, e the
+// ms since its start.
+func locateCalendar(t int64, limit Limit) position {
+	loc := limit.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	slot := &periodCache[(maphash.String(periodSeed, loc.String())+uint64(limit.Calendar))%uint64(len(periodCache))]
+	s := slot.Load()
+	if s == nil || s.loc != loc || s.p != limit.Calendar || t < s.start || t >= s.end {
+		start, end := limit.Calendar.bounds(time.UnixMilli(t), loc)
+		s = &periodSpan{loc: loc, p: limit.Calendar, start: start.UnixMilli(), end: end.UnixMilli()}
+		slot.Store(s)
+	}
+	return position{w: s.end - s.start, i: s.start, e: t - s.start, cal: limit.Calendar, loc: loc}
+}
+
+// appendPeriod appends what a calendar period's key holds after the id's
+// tag: ":<period>:<zone>:<the period's first date>", as in
+// ":monthly:Europe/Berlin:2026-12-01".
+func appendPeriod(b []byte, p position) []byte {
+	b = append(b, ':')
+	b = append(b, p.cal.String()...)
+	b = append(b, ':')
+	b = append(b, p.loc.String()...)
+	b = append(b, ':')
+	return time.UnixMilli(p.i).In(p.loc).AppendFormat(b, time.DateOnly)
 }

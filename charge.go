@@ -98,7 +98,7 @@ func (d *decision) deriveCharge() {
 		count := s.pos.estimate(&c)
 		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
 			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
-			receipt: receipt{window: s.pos.i, counted: d.cost, ms: d.limits[s.at].Window.Milliseconds(), strict: d.limits[s.at].Strict}}
+			receipt: newReceipt(d.limits[s.at], s.pos, d.cost)}
 		if count+1 > s.rate {
 			d.refused |= 1 << s.at
 			if s.shadow {
@@ -115,12 +115,12 @@ func (d *decision) deriveCharge() {
 }
 
 // Refund gives back n of what the decision that returned results counted for id: for each limit,
-// in the window (for a strict limit, the sub-window) where it was counted, never below 0; once that
-// window has slid out of the limit's span, there is nothing left to give back and Refund does
-// nothing for it. A refund of a decision that counted nothing (denied, a Peek, a Degraded
+// in the window (for a strict limit, the sub-window; for a calendar limit, the period) where it
+// was counted, never below 0; once that window has slid out of the limit's span (that period has
+// ended), there is nothing left to give back and Refund does nothing for it. A refund of a decision that counted nothing (denied, a Peek, a Degraded
 // decision, a Result not made by this Limiter) or of more than it counted is an error
 // (ErrInvalidCost), and nothing is written. So is, with ErrInvalidLimit, a Result whose Limit
-// was changed to one of another Window or Strict (it would name another count than the one
+// was changed to one of another Window, Strict, Calendar or Location (it would name another count than the one
 // counted), and one count given twice (two Results of one window), as AllowAll refuses two
 // limits of one window.
 //
@@ -184,9 +184,9 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		if r.by != l.serial || r.id != idHash(id) {
 			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, limit)
 		}
-		if limit.Window.Milliseconds() != r.ms || limit.Strict != r.strict {
-			return nil, fmt.Errorf("%w: a Result's limit %v is not the one it counted in (a window of %v, strict %v)",
-				ErrInvalidLimit, limit, time.Duration(r.ms)*time.Millisecond, r.strict)
+		if !r.of(limit) {
+			counted := Limit{Rate: limit.Rate, Window: time.Duration(r.ms) * time.Millisecond, Strict: r.strict, Calendar: r.cal, Location: r.loc}
+			return nil, fmt.Errorf("%w: a Result's limit %v is not the one it counted in (%v)", ErrInvalidLimit, limit, counted)
 		}
 		if n > r.counted {
 			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, limit)
@@ -212,8 +212,8 @@ func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error
 		}
 		limit := results[i].Limit // checked above: the count it counted in
 		p := locate(now, limit)
-		if p.i > r.window+max(1, p.subs) { // slid out of the span: nothing to give back
-			continue
+		if p.cal != 0 && p.i > r.window || p.cal == 0 && p.i > r.window+max(1, p.subs) {
+			continue // slid out of the span, or the period ended: nothing to give back
 		}
 		p.e, p.i = 0, r.window
 		keys = append(keys, l.appendKeys(nil, id, p)[0])

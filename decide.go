@@ -575,7 +575,7 @@ func (d *decision) derive() {
 		res := s.result(d.limits[s.at], want, counted, added)
 		if counted {
 			// all of n, leased or not
-			res.receipt = receipt{window: s.pos.i, counted: n, ms: res.Limit.Window.Milliseconds(), strict: res.Limit.Strict}
+			res.receipt = newReceipt(res.Limit, s.pos, n)
 		}
 		fits := counted || s.pos.estimate(&s.seen)+want <= s.rate
 		if !fits {

@@ -87,7 +87,7 @@ func (c *denyCache) record(id string, d *decision) {
 		}
 		over := d.kind == EventCharge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {
-			return windowEntry{i: s.pos.i, counts: seen}, cached || !allowed || over
+			return windowEntry{i: s.pos.i, w: s.pos.w, counts: seen}, cached || !allowed || over
 		})
 	}
 }

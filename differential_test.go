@@ -39,11 +39,17 @@ type counted struct {
 
 // windowKey names one count: id's count in window index of a sliding limit
 // of window ms, or with strict set, in sub-window index of a strict one.
+//
+// For a calendar limit, window and strict are zero, cal and zone name the
+// period and its zone, and index is the period's first date, as yyyymmdd
+// (see periodOf).
 type windowKey struct {
 	id     string
 	window int64
 	strict bool
 	index  int64
+	cal    ratelimit.Period
+	zone   string
 }
 
 // tally counts the model's decisions by kind.
@@ -150,6 +156,14 @@ func (m *model) refund(id string, t, n int64) {
 	m.tally.refunds++
 	idle := true
 	for _, k := range c.keys {
+		if k.cal != 0 { // a period's count, until it ends
+			if periodOf(k.cal, zoneOf(k.zone), t) != k.index {
+				continue
+			}
+			idle = false
+			m.counts[k] = max(0, m.counts[k]-n)
+			continue
+		}
 		w := k.window
 		span := int64(1)
 		if k.strict {
@@ -182,11 +196,14 @@ func floorDiv(a, b int64) int64 {
 // current returns the key of the count a request of id at Unix ms t adds
 // to under limit.
 func current(id string, limit ratelimit.Limit, t int64) windowKey {
+	if limit.Calendar != 0 {
+		return windowKey{id: id, cal: limit.Calendar, zone: limit.Location.String(), index: periodOf(limit.Calendar, limit.Location, t)}
+	}
 	w := limit.Window.Milliseconds()
 	if limit.Strict {
-		return windowKey{id, w, true, floorDiv(t, w/ratelimit.StrictSubWindows)}
+		return windowKey{id: id, window: w, strict: true, index: floorDiv(t, w/ratelimit.StrictSubWindows)}
 	}
-	return windowKey{id, w, false, floorDiv(t, w)}
+	return windowKey{id: id, window: w, index: floorDiv(t, w)}
 }
 
 // estimate is what the limit decides on at Unix ms t: for a sliding limit
@@ -194,7 +211,10 @@ func current(id string, limit ratelimit.Limit, t int64) windowKey {
 // sub-window and the StrictSubWindows before it.
 func (m *model) estimate(id string, limit ratelimit.Limit, t int64) int64 {
 	k := current(id, limit, t)
-	return estimateWith(limit, t, func(index int64) int64 { return m.counts[windowKey{id, k.window, k.strict, index}] })
+	if k.cal != 0 {
+		return m.counts[k]
+	}
+	return estimateWith(limit, t, func(index int64) int64 { return m.counts[windowKey{id: id, window: k.window, strict: k.strict, index: index}] })
 }
 
 // estimateWith is the estimate of limit at Unix ms t from count, which
@@ -231,10 +251,16 @@ func firstAt(t, w int64, ok func(int64) bool) time.Duration {
 // has a count yet, and none is written while waiting.
 func (m *model) waitFor(id string, limit ratelimit.Limit, t, target int64) time.Duration {
 	k := current(id, limit, t)
+	if k.cal != 0 { // the count falls only when the period ends
+		if m.counts[k] <= target {
+			return 0
+		}
+		return time.Duration(periodEnd(limit.Calendar, limit.Location, t)-t) * time.Millisecond
+	}
 	first := k.index - ratelimit.StrictSubWindows
 	var snap [ratelimit.StrictSubWindows + 1]int64
 	for i := range snap {
-		snap[i] = m.counts[windowKey{id, k.window, k.strict, first + int64(i)}]
+		snap[i] = m.counts[windowKey{id: id, window: k.window, strict: k.strict, index: first + int64(i)}]
 	}
 	count := func(index int64) int64 {
 		if index < first || index > k.index {
@@ -383,12 +409,16 @@ func (m *model) peek(id string, limit ratelimit.Limit, t int64) ratelimit.Result
 // window's, or every sub-window a strict limit reads.
 func (m *model) reset(id string, limit ratelimit.Limit, t int64) {
 	k := current(id, limit, t)
+	if k.cal != 0 {
+		delete(m.counts, k)
+		return
+	}
 	back := int64(1)
 	if limit.Strict {
 		back = ratelimit.StrictSubWindows
 	}
 	for i := k.index - back; i <= k.index; i++ {
-		delete(m.counts, windowKey{id, k.window, k.strict, i})
+		delete(m.counts, windowKey{id: id, window: k.window, strict: k.strict, index: i})
 	}
 }
 
@@ -708,7 +738,9 @@ func pickLimits(rng *rand.Rand, pool []ratelimit.Limit, k int) []ratelimit.Limit
 	var out []ratelimit.Limit
 	for len(out) < k {
 		l := pool[rng.IntN(len(pool))]
-		if !slices.ContainsFunc(out, func(o ratelimit.Limit) bool { return o.Window == l.Window && o.Strict == l.Strict }) {
+		if !slices.ContainsFunc(out, func(o ratelimit.Limit) bool {
+			return o.Window == l.Window && o.Strict == l.Strict && o.Calendar == l.Calendar && o.Location.String() == l.Location.String()
+		}) {
 			out = append(out, l)
 		}
 	}
@@ -736,6 +768,8 @@ type diffConfig struct {
 	// charges: the trace has Charges and Refunds too (the default modes
 	// only).
 	charges bool
+	// calendar: the pool is calendarPool, and the trace calendarTrace.
+	calendar bool
 }
 
 // fewLanes is how many decisions under way a batched run's Limiter sends
@@ -805,7 +839,11 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 		if lanes > 1 {
 			suffix = fmt.Sprintf("#%d", lane)
 		}
-		traces[lane] = mixedTrace(1+uint64(lane), steps/lanes, c.pool, suffix)
+		if c.calendar {
+			traces[lane] = calendarTrace(1+uint64(lane), steps/lanes, c.pool, suffix)
+		} else {
+			traces[lane] = mixedTrace(1+uint64(lane), steps/lanes, c.pool, suffix)
+		}
 		if c.charges {
 			traces[lane] = withChargesAndRefunds(traces[lane], 1+uint64(lane), c.pool)
 		}
@@ -888,15 +926,30 @@ func runDifferential(t *testing.T, e env, c diffConfig) {
 	// 4000, with the clock 89 s ahead).
 	require.Greater(t, s.denied, steps/100)
 	require.Greater(t, s.partial, steps/200)
-	require.Greater(t, s.strict, steps/200)
 	require.Greater(t, s.shadowed, steps/200)
 	require.Positive(t, calls.n.Load(), "the hook saw no script call")
-	if c.charges {
+	if c.calendar {
+		periods, odd, lengths := calendarCoverage(m)
+		t.Logf("%d periods counted in, %d of them days not 24 hours long: %v", periods, odd, lengths)
+		require.Greater(t, periods, 100)
+		for _, d := range []time.Duration{23 * time.Hour, 25 * time.Hour, 23*time.Hour + 30*time.Minute, 24*time.Hour + 30*time.Minute} {
+			require.Positive(t, lengths[d], "no day of %v", d)
+		}
+	} else {
+		require.Greater(t, s.strict, steps/200)
+	}
+	if c.charges && !c.calendar {
 		require.Greater(t, s.charges, steps/20)
 		require.Greater(t, s.refunds, steps/20)
 		require.Positive(t, s.lateRefunds, "no refund in the window after the decision's")
 		require.Positive(t, s.pastRedis, "no charge past maxCount refused by Redis")
 		require.Positive(t, s.pastCost, "no charge past maxCount refused before Redis is asked")
+	}
+	if c.charges && c.calendar {
+		require.Greater(t, s.charges, steps/20)
+		require.Greater(t, s.refunds, steps/20)
+		require.Positive(t, s.idleRefunds, "no refund after its period ended")
+		require.Positive(t, s.pastRedis, "no charge past maxCount refused by Redis")
 	}
 	if c.batched {
 		require.Less(t, calls.n.Load(), sent, "no script call carried two requests")

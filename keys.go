@@ -31,7 +31,21 @@ const maxIDLength = 1024
 // never share a key. An id longer than maxIDLength (1,024 bytes) is
 // replaced by "%H" and the hex of its SHA-256, which no escaped id can
 // spell. The keys are slices of one string: one allocation.
+//
+// A calendar limit reads one key, its period's, named by the period's kind,
+// its zone's name and its first date there:
+//
+//	<prefix>:{<id>}:<daily|weekly|monthly|yearly>:<zone>:<yyyy-mm-dd>
 func (l *Limiter) appendKeys(dst []string, id string, p position) []string {
+	if p.cal != 0 {
+		var tail [64]byte
+		t := appendPeriod(tail[:0], p)
+		var b strings.Builder
+		b.Grow(l.tagLen(id) + len(t))
+		l.writeTag(&b, id)
+		b.Write(t)
+		return append(dst, b.String())
+	}
 	var num [20]byte
 	window := p.w
 	if p.subs != 0 {

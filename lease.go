@@ -52,8 +52,8 @@ type leaseTable struct {
 
 // lease is what this process holds of one count.
 type lease struct {
-	rate  int64  // the Rate of the limit that took it, which sized it
-	i     int64  // the window (sub-window) index its units are counted in
+	rate  int64    // the Rate of the limit that took it, which sized it
+	at    position // the window (sub-window, period) its units are counted in
 	key   string // that window's key; empty until a lease is granted in it
 	left  int64  // units counted and not used
 	used  int64  // units of the last lease used since it was taken
@@ -139,7 +139,7 @@ type leaseAnswer struct {
 // current returns the lease of id at p if it serves the clock there for a
 // limit of rate.
 func (e *lease) current(p position, rate int64) bool {
-	return e != nil && e.i == p.i && e.rate == rate
+	return e != nil && e.at.i == p.i && e.rate == rate
 }
 
 // serve decides a request of cost n (a look takes nothing and needs one)
@@ -151,7 +151,7 @@ func (t *leaseTable) serve(id string, asks []leaseAsk, n int64, look bool, grant
 	defer t.mu.Unlock()
 	for i := range asks {
 		a := &asks[i]
-		e := t.entries[tableKey{id, a.pos.w, a.pos.subs}]
+		e := t.entries[a.pos.tableKey(id)]
 		if !e.current(a.pos, a.rate) || e.left < n {
 			return false
 		}
@@ -192,7 +192,7 @@ func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGra
 					e.size = max(1, e.size/2)
 				}
 			}
-			*e = lease{rate: a.rate, i: a.pos.i, size: e.size}
+			*e = lease{rate: a.rate, at: a.pos, size: e.size}
 		}
 		e.sweep = t.sweeps
 		g := leaseGrant{entry: e}
@@ -219,7 +219,7 @@ func (t *leaseTable) take(id string, asks []leaseAsk, n int64, grants []leaseGra
 // entry returns the lease of id at p, a new one if there is none, making
 // room for it when the table is full. Called with t.mu held.
 func (t *leaseTable) entry(id string, p position) *lease {
-	k := tableKey{id, p.w, p.subs}
+	k := p.tableKey(id)
 	if e := t.entries[k]; e != nil {
 		return e
 	}
@@ -229,7 +229,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 			break
 		}
 	}
-	e := &lease{i: p.i, size: 1}
+	e := &lease{at: p, size: 1}
 	t.entries[k] = e
 	t.start()
 	return e
@@ -240,7 +240,7 @@ func (t *leaseTable) entry(id string, p position) *lease {
 func (t *leaseTable) drop(k tableKey, e *lease) {
 	delete(t.entries, k)
 	if e.left > 0 && e.key != "" {
-		t.queue(pendingGive{k.id, position{w: k.w, subs: k.subs}, script.GiveBack(e.left, e.key)})
+		t.queue(pendingGive{k.id, e.at, script.GiveBack(e.left, e.key)})
 	}
 }
 
@@ -257,7 +257,7 @@ func (t *leaseTable) settle(id string, asks []leaseAsk, grants []leaseGrant, ans
 		if g.entry.reset {
 			continue // see lease.reset
 		}
-		e := t.entries[tableKey{id, a.pos.w, a.pos.subs}]
+		e := t.entries[a.pos.tableKey(id)]
 		if g.local && r.allowed {
 			continue // decided here, and kept
 		}
@@ -345,7 +345,7 @@ func (t *leaseTable) drain(id string, at []position) []*script.Request {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range at {
-		k := tableKey{id, p.w, p.subs}
+		k := p.tableKey(id)
 		e := t.entries[k]
 		if e == nil {
 			continue
@@ -366,7 +366,7 @@ func (t *leaseTable) drain(id string, at []position) []*script.Request {
 func (t *leaseTable) forget(id string, p position, keys []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := tableKey{id, p.w, p.subs}
+	k := p.tableKey(id)
 	if e := t.entries[k]; e != nil {
 		e.reset = true
 		delete(t.entries, k)
@@ -446,7 +446,7 @@ func (t *leaseTable) sweep() bool {
 	t.mu.Lock()
 	t.sweeps++
 	for k, e := range t.entries {
-		if e.i != floorDiv(now, k.w) || t.sweeps-e.sweep >= idleSweeps {
+		if !e.at.holds(now) || t.sweeps-e.sweep >= idleSweeps {
 			t.drop(k, e)
 		}
 	}

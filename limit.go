@@ -15,21 +15,24 @@ import (
 )
 
 // Limit is a number of requests (or cost units) allowed in any sliding
-// window of a given length.
+// window of a given length, or with Calendar in each calendar period (a
+// day, an ISO week, a month, a year of a time zone).
 //
 // Limits of the same Window (and the same Strict) on one id share one
 // count: Allow(ctx, "u1", PerMinute(100)) and Allow(ctx, "u1",
 // PerMinute(10)) add to the same keys. That is right for a client moving
 // between tiers, and wrong for two budgets of one user, such as two
 // endpoints: give each budget its own id ("u1:search", "u1:export") or its
-// own Limiter with WithPrefix. Name does not change the key.
+// own Limiter with WithPrefix. Name does not change the key. Calendar
+// limits of the same Calendar and Location (told apart by its name) share
+// one count likewise.
 type Limit struct {
 	// Rate is how many requests, or cost units, any Window may hold; at
 	// least 1.
 	Rate int64
 	// Window is the window's length: a whole number of milliseconds, at least
 	// 1ms. Rate × Window in ms may not exceed 2^53 (about 9×10^15), so that
-	// the script's arithmetic stays exact.
+	// the script's arithmetic stays exact. A Calendar limit has none (0).
 	Window time.Duration
 	// Name labels the limit for observers and for the policy names of
 	// httplimit's headers. It is optional, and does not change which count
@@ -70,6 +73,23 @@ type Limit struct {
 	// request with a Leased limit is not counted when denied, even under
 	// WithCountDenied. See docs/leases.md.
 	Leased bool
+
+	// Calendar, when not zero, makes the limit Rate per calendar period
+	// instead of per sliding Window: a request of cost n is allowed while
+	// the period's count plus n is at most Rate, and the count starts again
+	// at 0 when the next period starts, at local midnight of Location (a
+	// day of a DST change lasts 23 or 25 hours; where a zone skips
+	// midnight, the day starts when its clocks jump). Within a period it
+	// is exact; across a boundary a client may use up one period's Rate at
+	// its end and the next one's at its start. Window must be 0, and
+	// Strict false. The period comes from the Limiter's clock. See
+	// docs/design.md.
+	Calendar Period // not zero: Rate per calendar period instead of per sliding Window
+	// Location is the time zone of Calendar's periods; nil means UTC. It
+	// must have a name that every server loads the same
+	// (time.LoadLocation("Europe/Berlin")): time.Local, named "Local"
+	// everywhere, is refused. Locations are told apart by name.
+	Location *time.Location // the time zone of Calendar's periods; nil means UTC
 }
 
 // StrictSubWindows is the number of sub-windows a Strict limit's Window is
@@ -92,9 +112,17 @@ func PerHour(rate int64) Limit { return Limit{Rate: rate, Window: time.Hour} }
 func PerDay(rate int64) Limit { return Limit{Rate: rate, Window: 24 * time.Hour} }
 
 // String returns the limit as "100/1m0s", with " strict", " shadow" or
-// " leased" after it for each it is. ParseLimit reads it back.
+// " leased" after it for each it is; a calendar limit as "10000/daily" in
+// UTC, "10000/monthly@Europe/Berlin" in another zone. ParseLimit reads it
+// back.
 func (l Limit) String() string {
 	s := fmt.Sprintf("%d/%v", l.Rate, l.Window)
+	if l.Calendar != 0 {
+		s = fmt.Sprintf("%d/%v", l.Rate, l.Calendar)
+		if name := zoneName(l.Location); name != "UTC" {
+			s += "@" + name
+		}
+	}
 	if l.Strict {
 		s += " strict"
 	}
@@ -115,7 +143,9 @@ const maxProduct = 1 << 53
 // Validate reports what makes l unusable, as every method of a Limiter would:
 // a Rate below 1, a Window below 1ms or not a whole number of milliseconds,
 // a Rate × Window (in ms) above 2^53, or a Strict Window that is not a
-// multiple of StrictSubWindows ms. The error wraps ErrInvalidLimit. Check
+// multiple of StrictSubWindows ms; for a Calendar limit, a Calendar outside
+// Daily..Yearly, a Window, Strict, a Rate above 2^53, or a Location named
+// "Local" or nothing; a Location without a Calendar. The error wraps ErrInvalidLimit. Check
 // limits from configuration with it at start-up.
 func (l Limit) Validate() error {
 	if p := l.problem(); p != "" {
@@ -128,6 +158,12 @@ func (l Limit) Validate() error {
 func (l Limit) problem() string {
 	if l.Rate < 1 {
 		return fmt.Sprintf("rate %d is below 1", l.Rate)
+	}
+	if l.Calendar != 0 {
+		return l.calendarProblem()
+	}
+	if l.Location != nil {
+		return fmt.Sprintf("location %v without a Calendar period", l.Location)
 	}
 	if l.Window < time.Millisecond {
 		return fmt.Sprintf("window %v is shorter than 1ms", l.Window)
@@ -145,11 +181,24 @@ func (l Limit) problem() string {
 	return ""
 }
 
+// periods are the names of calendar periods that ParseLimit reads.
+var periods = map[string]Period{"daily": Daily, "weekly": Weekly, "monthly": Monthly, "yearly": Yearly}
+
+// calendarWindow reports whether the window of a limit in ParseLimit's
+// long form names a calendar period: "daily", or "daily@<zone>".
+func calendarWindow(window string) bool {
+	period, _, _ := strings.Cut(window, "@")
+	_, ok := periods[period]
+	return ok
+}
+
 // ulule/limiter's short form names its window with one letter.
 var shortWindows = map[string]time.Duration{"S": time.Second, "M": time.Minute, "H": time.Hour, "D": 24 * time.Hour}
 
 // ParseLimit parses a limit from configuration as String prints it: a rate,
-// "/", a window as time.ParseDuration reads it, then any of the flags
+// "/", a window as time.ParseDuration reads it or a calendar period (daily,
+// weekly, monthly or yearly, then optionally "@" and a zone that
+// time.LoadLocation finds: "10000/daily@Europe/Berlin"), then any of the flags
 // strict, shadow and leased, each at most once, in any order, separated by
 // spaces: "100/1m0s", "100/1m", "10/1s strict shadow leased". It also reads
 // ulule/limiter's short form, a rate, "-" and a window of S, M, H or D (a
@@ -185,7 +234,19 @@ func ParseLimit(s string) (Limit, error) {
 		return bad("rate %q is not a whole number", rate)
 	}
 	l.Rate = r
-	if long {
+	if long && calendarWindow(window) {
+		period, zone, _ := strings.Cut(window, "@")
+		l.Calendar = periods[period]
+		if zone != "" {
+			loc, err := time.LoadLocation(zone)
+			if err != nil {
+				return bad("time zone %q: %v (a program that runs where the system has no zone database imports time/tzdata)", zone, err)
+			}
+			if loc != time.UTC {
+				l.Location = loc
+			}
+		}
+	} else if long {
 		d, err := time.ParseDuration(window)
 		if err != nil {
 			return bad("window %q is not a duration such as 1m or 500ms (at most about 292 years)", window)
@@ -223,8 +284,8 @@ func ParseLimit(s string) (Limit, error) {
 
 // ValidateLimits reports what makes limits unusable together in one
 // AllowAll or PeekAll, as those would: none at all, more than 16, a limit
-// that Limit.Validate rejects, or two limits of the same Window and Strict,
-// which would share one count (named both). The error wraps
+// that Limit.Validate rejects, or two limits of the same Window and Strict
+// (or Calendar and Location), which would share one count (named both). The error wraps
 // ErrInvalidLimit. Check a plan from configuration with it at start-up;
 // httplimit and grpclimit check theirs with it.
 func ValidateLimits(limits []Limit) error {
@@ -237,7 +298,11 @@ func ValidateLimits(limits []Limit) error {
 		}
 		for _, other := range limits[:i] {
 			if sameCount(other, limit) {
-				return fmt.Errorf("%w: limits %v and %v have the same window and would share one count", ErrInvalidLimit, other, limit)
+				what := "window"
+				if limit.Calendar != 0 {
+					what = "period and zone"
+				}
+				return fmt.Errorf("%w: limits %v and %v have the same %s and would share one count", ErrInvalidLimit, other, limit, what)
 			}
 		}
 	}
@@ -257,8 +322,12 @@ func checkLen(n int, what string) error {
 }
 
 // sameCount reports whether limits a and b of one id share one count:
-// their windows are the same length and kind.
-func sameCount(a, b Limit) bool { return a.Window == b.Window && a.Strict == b.Strict }
+// their windows are the same length and kind, or their calendar periods
+// the same kind in the same zone (by name).
+func sameCount(a, b Limit) bool {
+	return a.Window == b.Window && a.Strict == b.Strict && a.Calendar == b.Calendar &&
+		(a.Calendar == 0 || zoneName(a.Location) == zoneName(b.Location))
+}
 
 // validate reports what is wrong with one decision's input, before Redis is
 // consulted. n is the cost; Peek passes 1.

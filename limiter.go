@@ -87,13 +87,28 @@ type Result struct {
 // receipt says what one limit of a decision counted, for Refund: the
 // Limiter that made it and a hash of the id (to refuse a Result of
 // another), what the limit counted (0 for nothing) in which window (for a
-// strict limit, sub-window) index, of which count (Window in ms and Strict,
-// as decided: Result.Limit is the caller's to change).
+// strict limit, sub-window; for a calendar limit, the start of its
+// period in Unix ms) index, of which count (Window in ms and Strict, or
+// Calendar and Location, as decided: Result.Limit is the caller's to
+// change).
 type receipt struct {
 	by, id          uint64
 	window, counted int64
 	ms              int64
 	strict          bool
+	cal             Period
+	loc             *time.Location
+}
+
+// newReceipt returns the receipt of n counted by limit at p.
+func newReceipt(limit Limit, p position, n int64) receipt {
+	return receipt{window: p.i, counted: n, ms: limit.Window.Milliseconds(), strict: limit.Strict, cal: limit.Calendar, loc: limit.Location}
+}
+
+// of reports whether the receipt was counted in limit's count.
+func (r *receipt) of(limit Limit) bool {
+	return limit.Window.Milliseconds() == r.ms && limit.Strict == r.strict &&
+		limit.Calendar == r.cal && (r.cal == 0 || zoneName(limit.Location) == zoneName(r.loc))
 }
 
 // Binding returns the Result that decided: when denied, the one with the

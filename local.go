@@ -52,7 +52,7 @@ func (w *localWindows) decide(id string, d *decision) {
 		s := &d.spans[i]
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
-		if e, ok := shard.entries[tableKey{key, s.pos.w, s.pos.subs}]; ok {
+		if e, ok := shard.entries[s.pos.tableKey(key)]; ok {
 			s.pos = e.later(s.pos)
 			s.seen, _ = e.at(s.pos)
 		}
@@ -67,7 +67,7 @@ func (w *localWindows) decide(id string, d *decision) {
 		}
 		c := s.seen
 		c[0] += n
-		shard.put(tableKey{key, s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, e: s.pos.e, counts: c})
+		shard.put(s.pos.tableKey(key), windowEntry{i: s.pos.i, e: s.pos.e, w: s.pos.w, counts: c})
 	}
 	shard.mu.Unlock()
 	d.deniedCounted = false
@@ -121,7 +121,7 @@ func (w *localWindows) decideMany(d *decision) {
 		q := d.quotas[s.at]
 		s.rate = w.share(s.rate)
 		s.seen = counts{}
-		if e, found := w.table.shard(keys[s.at]).entries[tableKey{keys[s.at], s.pos.w, s.pos.subs}]; found {
+		if e, found := w.table.shard(keys[s.at]).entries[s.pos.tableKey(keys[s.at])]; found {
 			s.pos = e.later(s.pos)
 			s.seen, _ = e.at(s.pos)
 		}
@@ -141,7 +141,7 @@ func (w *localWindows) decideMany(d *decision) {
 		}
 		c := s.seen
 		c[0] += q.Cost
-		w.table.shard(keys[s.at]).put(tableKey{keys[s.at], s.pos.w, s.pos.subs}, windowEntry{i: s.pos.i, e: s.pos.e, counts: c})
+		w.table.shard(keys[s.at]).put(s.pos.tableKey(keys[s.at]), windowEntry{i: s.pos.i, e: s.pos.e, w: s.pos.w, counts: c})
 	}
 	d.deriveMany()
 }

@@ -297,7 +297,8 @@ func (d *decision) deriveMany() {
 		counted := ok && q.Cost > 0
 		res := s.result(q.Limit, q.Cost, counted, 0)
 		if counted {
-			res.receipt = receipt{window: s.pos.i, counted: q.Cost, ms: q.Limit.Window.Milliseconds(), strict: q.Limit.Strict, id: idHash(q.ID)}
+			res.receipt = newReceipt(q.Limit, s.pos, q.Cost)
+			res.receipt.id = idHash(q.ID)
 		}
 		if !counted && s.pos.estimate(&s.seen)+q.Cost > s.rate {
 			d.refused |= 1 << s.at

@@ -20,6 +20,13 @@ var slidingWindowSource string
 
 // newLimitArgs returns the script's arguments for limit placed at p.
 func newLimitArgs(limit Limit, p position) script.LimitArgs {
+	if p.cal != 0 {
+		// One key, counted in full, read until the period ends: from the
+		// start of the second the clock is in, so that the requests of one
+		// second have one TTL (a batch of them goes in the short form), at
+		// most two seconds past the end.
+		return script.LimitArgs{Rate: limit.Rate, Weight: 1, Window: 0, TTL: p.end() - floorDiv(p.i+p.e, 1000)*1000 + script.ExpiryMargin}
+	}
 	if p.subs == 0 {
 		// Read until the end of the next window: two windows outlive that
 		// from any moment in this one.

@@ -23,15 +23,17 @@
 -- string of every key and argument), each redis.call, and the tables it
 -- builds: bench/scriptcost.sh measures it. Hence two forms.
 --
--- The short form: one or more requests, each against one sliding limit,
--- the same limit for all, their keys all distinct, not counted when denied
--- (the common decision, and a batch of them).
+-- The short form: one or more requests, each against one sliding limit
+-- or one calendar period, the same limit for all, their keys all distinct,
+-- not counted when denied (the common decision, and a batch of them).
 --   ARGV: the rate, the window in ms, the TTL in ms of a new key (never 0
 --     or 1, which tells this form from the long one, whose ARGV[3] is 0 or
 --     1; Go makes none below 3 ms), then per request its cost (0 looks
 --     without counting) and the ms left in the current window as its clock
 --     read it.
---   KEYS: per request, the current window's key and the previous one's.
+--   KEYS: per request, the current window's key and the previous one's; or
+--     for a calendar period only its period's key (the count is then that
+--     key's alone, and the window and the ms left are not read).
 --   Reply: per request, when both its counts are below 2^26, one integer,
 --     (current * 2^26 + previous) * 2 + (1 if allowed else 0), which spares
 --     Redis a table: for one request that integer itself, for several a list
@@ -86,7 +88,7 @@ local call, tonumber, find, floor = redis.call, tonumber, string.find, math.floo
 local argv, keys = ARGV, KEYS
 
 local ttl = argv[3]
-if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
+if #argv == 5 and ttl ~= '0' and ttl ~= '1' then
   -- the short form for one request: no table of its own (but for a reply
   -- whose counts do not pack), no function, and what it can of its
   -- arguments left unconverted (tonumber is dear: it calls strtod)
@@ -94,7 +96,7 @@ if #keys == 2 and ttl ~= '0' and ttl ~= '1' then
   -- GET, unlike MGET, tells a key of another type (WRONGTYPE, in an error
   -- table, whose length is 0 as the empty string's) from an absent key,
   -- without an EXISTS; two GETs cost Redis less than MGET and EXISTS.
-  local c, p = pcall('GET', keys[1]), pcall('GET', keys[2])
+  local c, p = pcall('GET', keys[1]), #keys == 2 and pcall('GET', keys[2])
   local cur, prev = 0, 0
   -- 2^53 has 16 digits: a longer string is more, and one of 16 digits is
   -- compared as a string, since its double may have been rounded to 2^53.
@@ -202,17 +204,19 @@ if ttl ~= '0' and ttl ~= '1' then
   -- got holds the counts; reply, per request, its packed integer, or
   -- -1 - allowed for one whose counts do not pack
   local reply, packs = {}, true
-  for i = 1, #keys / 2 do
-    local cur, prev, a = got[2 * i - 1], got[2 * i], 2 + 2 * i
+  local per = #keys * 2 / (#argv - 3) -- keys per request: 2, or 1 for calendar periods
+  for i = 1, #keys / per do
+    local cur, prev, a = got[per * i - per + 1], 0, 2 + 2 * i
+    if per == 2 then prev = got[2 * i] end
     local cost, ok = argv[a], 0
     if cost == '1' then cost = 1 else cost = tonumber(cost) end
     local used = cur
     if prev > 0 then used = cur + floor(prev * tonumber(argv[a + 1]) / window) end
     if cost > 0 and cur >= 0 and prev >= 0 and used + cost <= rate then
       if cur > 0 then
-        call('INCRBY', keys[2 * i - 1], argv[a])
+        call('INCRBY', keys[per * i - per + 1], argv[a])
       else
-        call('SET', keys[2 * i - 1], argv[a], 'PX', ttl)
+        call('SET', keys[per * i - per + 1], argv[a], 'PX', ttl)
       end
       ok = 1
     end
@@ -227,7 +231,7 @@ if ttl ~= '0' and ttl ~= '1' then
   for i = 1, #reply do
     local r = reply[i]
     long[3 * i - 2] = r >= 0 and r % 2 or -1 - r
-    long[3 * i - 1], long[3 * i] = got[2 * i - 1], got[2 * i]
+    long[3 * i - 1], long[3 * i] = got[per * i - per + 1], per == 2 and got[2 * i] or 0
   end
   return long
 end

@@ -27,11 +27,14 @@ type tableShard struct {
 	max     int
 }
 
-// tableKey is an id and the length and kind of its limit's windows: one
-// count of the id, as the window table and the lease table key it.
+// tableKey is an id and the length and kind of its limit's windows (for a
+// calendar limit, -subs its Period and zone its zone's name): one count of
+// the id, as the window table and the lease table key it. See
+// position.tableKey.
 type tableKey struct {
 	id      string
 	w, subs int64
+	zone    string
 }
 
 // windowEntry holds the counts of a limit as they stood in window i, e ms
@@ -40,6 +43,7 @@ type tableKey struct {
 // token, when its lease ends.
 type windowEntry struct {
 	i, e int64
+	w    int64 // the length of window i: a calendar period's varies
 	counts
 	slots map[string]time.Time
 }
@@ -50,7 +54,7 @@ type windowEntry struct {
 // that weighs the previous window more than that caller's did.
 func (e windowEntry) later(p position) position {
 	if e.i > p.i || e.i == p.i && e.e > p.e {
-		p.i, p.e = e.i, e.e
+		p.i, p.e, p.w = e.i, e.e, e.w
 	}
 	return p
 }
@@ -82,7 +86,7 @@ func (t *windowTable) index(id string) int { return int(maphash.String(t.seed, i
 func (t *windowTable) get(id string, p position) (windowEntry, bool) {
 	s := t.shard(id)
 	s.mu.RLock()
-	e, ok := s.entries[tableKey{id, p.w, p.subs}]
+	e, ok := s.entries[p.tableKey(id)]
 	s.mu.RUnlock()
 	return e, ok
 }
@@ -93,7 +97,7 @@ func (t *windowTable) get(id string, p position) (windowEntry, bool) {
 func (t *windowTable) update(id string, p position, fn func(e windowEntry, ok bool) (windowEntry, bool)) {
 	s := t.lock(id)
 	defer s.mu.Unlock()
-	k := tableKey{id, p.w, p.subs}
+	k := p.tableKey(id)
 	e, ok := s.entries[k]
 	if e, store := fn(e, ok); store {
 		s.put(k, e)
@@ -124,7 +128,7 @@ func (s *tableShard) put(k tableKey, e windowEntry) {
 func (t *windowTable) delete(id string, p position) {
 	s := t.shard(id)
 	s.mu.Lock()
-	delete(s.entries, tableKey{id, p.w, p.subs})
+	delete(s.entries, p.tableKey(id))
 	s.mu.Unlock()
 }
 

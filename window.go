@@ -16,9 +16,16 @@ import (
 // window it falls in (window i covers [i×w, (i+1)×w) in Unix ms) and e, the
 // ms elapsed since that window began. For a strict limit the windows are its
 // sub-windows, w is a sub-window's length and subs their number per Window.
+//
+// For a calendar limit, i is its period's start in Unix ms, w the period's
+// length (a day may last 23 or 25 hours) and e the ms since its start; cal
+// is the kind of period and loc its zone. A period is one count, read from
+// one key.
 type position struct {
 	w, i, e int64
 	subs    int64 // 0: the sliding window counter; else strict, with subs sub-windows
+	cal     Period
+	loc     *time.Location
 }
 
 // counts are what the script saw of one limit before a request, current
@@ -28,6 +35,9 @@ type counts [window.SubWindows + 1]int64
 
 // locate returns the position of Unix millisecond t for limit.
 func locate(t int64, limit Limit) position {
+	if limit.Calendar != 0 {
+		return locateCalendar(t, limit)
+	}
 	w, subs := limit.Window.Milliseconds(), int64(0)
 	if limit.Strict {
 		subs = StrictSubWindows
@@ -48,6 +58,9 @@ func floorDiv(t, w int64) int64 {
 
 // keys returns the number of keys (and counts) the limit reads.
 func (p position) keys() int {
+	if p.cal != 0 {
+		return 1
+	}
 	if p.subs == 0 {
 		return 2
 	}
@@ -56,8 +69,11 @@ func (p position) keys() int {
 
 // estimate returns the usage the decision is made on: for a sliding limit
 // cur + floor(prev × (w-e) / w) (see window.Estimate), for a strict one the
-// sum of its sub-windows.
+// sum of its sub-windows, for a calendar period its count.
 func (p position) estimate(c *counts) int64 {
+	if p.cal != 0 {
+		return c[0]
+	}
 	if p.subs == 0 {
 		return window.Estimate(c[0], c[1], p.w, p.e)
 	}
@@ -71,14 +87,46 @@ func (p position) waitUntil(c *counts, target int64) time.Duration {
 	if target < 0 {
 		return InfDuration
 	}
+	if p.cal != 0 { // the count falls only when the period ends
+		if c[0] <= target {
+			return 0
+		}
+		return time.Duration(p.w-p.e) * time.Millisecond
+	}
 	if p.subs == 0 {
 		return min(window.WaitUntil(c[0], c[1], p.w, p.e, target), InfDuration)
 	}
 	return min(window.StrictWaitUntil(c[:p.keys()], p.w, p.e, target), InfDuration)
 }
 
+// start and end return where the window (sub-window, period) p is in
+// starts and ends, in Unix ms.
+func (p position) start() int64 {
+	if p.cal != 0 {
+		return p.i
+	}
+	return p.i * p.w
+}
+
+func (p position) end() int64 { return p.start() + p.w }
+
+// holds reports whether Unix ms t is in the window (sub-window, period)
+// of p.
+func (p position) holds(t int64) bool { return t >= p.start() && t < p.end() }
+
+// tableKey returns the key under which the window table and the lease
+// table hold id's count of the limit placed at p.
+func (p position) tableKey(id string) tableKey {
+	if p.cal != 0 {
+		return tableKey{id: id, subs: -int64(p.cal), zone: p.loc.String()}
+	}
+	return tableKey{id: id, w: p.w, subs: p.subs}
+}
+
 // shift returns c as it stands d windows later with no traffic in between:
-// each count moves d places older, and those past the oldest are gone.
+// each count moves d places older, and those past the oldest are gone. For
+// a calendar period, d is the ms between the periods' starts: any later
+// period starts at 0.
 func (p position) shift(c counts, d int64) counts {
 	var out counts
 	n := int64(p.keys())

@@ -145,9 +145,11 @@ type Reply struct {
 // they share a slot.
 func AppendCall(args []any, sc *Script, reqs []*Request, cross, short bool) []any {
 	if short {
-		args = append(args, "evalsha", sc.SHA, intArg(2*len(reqs)))
+		args = append(args, "evalsha", sc.SHA, intArg(len(reqs[0].Keys)*len(reqs)))
 		for _, r := range reqs {
-			args = append(args, &r.Keys[0], &r.Keys[1])
+			for k := range r.Keys {
+				args = append(args, &r.Keys[k])
+			}
 		}
 		a := &reqs[0].Limits[0]
 		args = append(args, &a.Rate, &a.Window, &a.TTL)
@@ -240,7 +242,7 @@ func Repeats(reqs []*Request) bool {
 // CallLen returns the length of the command callArgs makes for reqs.
 func CallLen(reqs []*Request, short bool) int {
 	if short {
-		return 6 + 4*len(reqs)
+		return 6 + (2+len(reqs[0].Keys))*len(reqs)
 	}
 	n := 6
 	for _, r := range reqs {
@@ -251,7 +253,8 @@ func CallLen(reqs []*Request, short bool) int {
 }
 
 // ShortCall reports whether a call of reqs goes in the script's short form:
-// each request asks one sliding limit, the same limit for all, with a cost
+// each request asks one sliding limit, or one calendar period (one key,
+// counted in full), the same limit for all, with a cost
 // of 0 or more (no give-back) and its denial not counted; in a call of
 // several, no key repeats (the short form does not show a request what the
 // ones before it wrote), and the keys are declared, so are of one slot.
@@ -261,7 +264,8 @@ func ShortCall(reqs []*Request, cross bool) bool {
 			return false
 		}
 		a, first := &r.Limits[0], &reqs[0].Limits[0]
-		if a.Window <= 0 || a.Rate != first.Rate || a.Window != first.Window || a.TTL != first.TTL {
+		oneKey := a.Window == 0 && a.Weight == 1 // a calendar period's
+		if a.Window <= 0 && !oneKey || a.Rate != first.Rate || a.Window != first.Window || a.TTL != first.TTL {
 			return false
 		}
 	}
@@ -366,10 +370,13 @@ const RefusedCharge = 2
 
 // String names the limit (Rate, Window and Strict) the arguments were made
 // from, for messages, as the root's Limit.String does: "10/1s", "10/1s
-// strict".
+// strict"; "10/period" for a calendar limit's.
 func (a *LimitArgs) String() string {
 	if a.Window > 0 {
 		return fmt.Sprintf("%d/%v", a.Rate, time.Duration(a.Window)*time.Millisecond)
+	}
+	if a.Weight == 1 {
+		return fmt.Sprintf("%d/period", a.Rate)
 	}
 	subs := a.Weight - 1 // see the root's newLimitArgs: TTL = (subs+2)×sub + Margin(subs×sub)
 	sub := a.TTL / (2*subs + 2)
@@ -402,6 +409,23 @@ func UnpackAll(packed []int64) ([]int64, error) {
 		}
 	}
 	return vals, nil
+}
+
+// OneKey returns vals, the integers of a short-form reply in the layout of
+// two keys per request, for requests of one key each (calendar periods),
+// whose second count the script reports as 0: it drops it.
+func OneKey(vals []int64) ([]int64, error) {
+	if len(vals)%3 != 0 {
+		return nil, fmt.Errorf("%w: %d values for requests of one key", ErrBadReply, len(vals))
+	}
+	out := vals[:0]
+	for i := 0; i < len(vals); i += 3 {
+		if vals[i+2] != 0 {
+			return nil, fmt.Errorf("%w: a second count %d for a request of one key", ErrBadReply, vals[i+2])
+		}
+		out = append(out, vals[i], vals[i+1])
+	}
+	return out, nil
 }
 
 // Unpack returns the integers of a short-form reply to one request, which

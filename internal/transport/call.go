@@ -209,6 +209,9 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs 
 	}
 	args := script.AppendCall((*buf)[:0], sc, reqs, cross, short)
 	vals, err := eval(ctx, c, sc, args, n)
+	if err == nil && short && len(reqs[0].Keys) == 1 {
+		vals, err = script.OneKey(vals)
+	}
 	if err == nil && cap(args) <= MaxCallValues {
 		clear(args) // nothing kept alive by the list: the requests are the caller's
 		*buf = args[:0]
