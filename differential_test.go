@@ -214,7 +214,9 @@ func (m *model) estimate(id string, limit ratelimit.Limit, t int64) int64 {
 	if k.cal != 0 {
 		return m.counts[k]
 	}
-	return estimateWith(limit, t, func(index int64) int64 { return m.counts[windowKey{id: id, window: k.window, strict: k.strict, index: index}] })
+	return estimateWith(limit, t, func(index int64) int64 {
+		return m.counts[windowKey{id: id, window: k.window, strict: k.strict, index: index}]
+	})
 }
 
 // estimateWith is the estimate of limit at Unix ms t from count, which

@@ -54,12 +54,12 @@ type leaseTable struct {
 type lease struct {
 	rate  int64    // the Rate of the limit that took it, which sized it
 	at    position // the window (sub-window, period) its units are counted in
-	key   string // that window's key; empty until a lease is granted in it
-	left  int64  // units counted and not used
-	used  int64  // units of the last lease used since it was taken
-	seen  counts // the counts Redis reported with the last lease, before it
-	size  int64  // the lease to ask for next
-	sweep int64  // the sweep during which it was last used
+	key   string   // that window's key; empty until a lease is granted in it
+	left  int64    // units counted and not used
+	used  int64    // units of the last lease used since it was taken
+	seen  counts   // the counts Redis reported with the last lease, before it
+	size  int64    // the lease to ask for next
+	sweep int64    // the sweep during which it was last used
 	// reset: Reset deleted the keys it was counted in. What is in flight
 	// from it is dropped, neither kept nor given back: a give-back could
 	// lower counts written after the Reset.
