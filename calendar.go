@@ -154,6 +154,21 @@ func (p Period) bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 	return start, end
 }
 
+// Bounds returns the calendar period of p in loc (nil: UTC) that holds t:
+// its start, the first instant whose local date falls in it, and its end,
+// the next period's start. A day of a DST change lasts 23 or 25 hours;
+// where loc skips local midnight, the day starts when its clocks jump.
+// A Calendar limit counts from start to end; with Limiter.Now, Bounds says
+// when the period a decision fell in started and ends (httplimit's w).
+// For a p that is not one of Daily..Yearly, both are t.
+func (p Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
+	if !p.valid() {
+		return t, t
+	}
+	pos := locateCalendar(t.UnixMilli(), Limit{Calendar: p, Location: loc})
+	return time.UnixMilli(pos.start()).In(pos.loc), time.UnixMilli(pos.end()).In(pos.loc)
+}
+
 // PerPeriod returns a Limit of rate requests per calendar period p in loc
 // (nil: UTC): PerPeriod(10_000, Daily, berlin) starts again at each
 // midnight in Berlin.

@@ -365,6 +365,12 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	return nil
 }
 
+// Now returns the time on the Limiter's clock, the one its decisions are
+// placed on: WithClock's, a RedisClock's, or time.Now. With Period.Bounds
+// it tells which calendar period a decision made now falls in, and
+// l.Now().Add(res.ResetAfter) when a Result's count will be 0.
+func (l *Limiter) Now() time.Time { return l.now() }
+
 // Stats is a snapshot of a Limiter's local state, for metrics.
 type Stats struct {
 	// BreakerOpen reports that the circuit breaker of some server (on a

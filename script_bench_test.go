@@ -81,6 +81,9 @@ func BenchmarkScriptCost(b *testing.B) {
 		{name: "all2", limits: plan(2), batch: 1},
 		{name: "all4", limits: plan(4), batch: 1},
 		{name: "strict", limits: []Limit{{Rate: 1_000_000, Window: time.Minute, Strict: true}}, batch: 1},
+		{name: "calendar", limits: []Limit{PerPeriod(1_000_000, Monthly, nil)}, batch: 1},
+		{name: "calendar/denied", limits: []Limit{PerPeriod(1, Monthly, nil)}, batch: 1, denied: true},
+		{name: "calendar/batch16", limits: []Limit{PerPeriod(1_000_000, Monthly, nil)}, batch: 16},
 		{name: "charge", limits: []Limit{many}, batch: 1, charge: true},
 		{name: "refund", limits: []Limit{many}, batch: 1, refund: true},
 	}
