@@ -67,13 +67,13 @@ func ResetSeconds(res ratelimit.Result) int64 { return httplimit.ResetSeconds(re
 // shows nothing of it (httplimit.Plan.Shown). A Degraded decision says
 // nothing true about counts, so it gets only HeaderLimit and HeaderPolicy;
 // a denial that can never pass gets nothing that names a time to retry at.
-func headerMD(pl *httplimit.Plan, results []ratelimit.Result, bind ratelimit.Result) metadata.MD {
+func headerMD(pl *httplimit.Plan, results []ratelimit.Result, bind ratelimit.Result, now time.Time) metadata.MD {
 	if !pl.Shown(results) {
 		return nil
 	}
 	md := metadata.MD{
 		HeaderLimit:  {strconv.FormatInt(bind.Limit.Rate, 10)},
-		HeaderPolicy: pl.Policies(),
+		HeaderPolicy: pl.PoliciesAt(now),
 	}
 	if bind.Degraded {
 		return md

@@ -483,14 +483,14 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	if err != nil {
 		var md metadata.MD
 		if d.binding.Degraded { // a refused plan (pl nil) decided nothing
-			md = headerMD(pl, results, d.binding)
+			md = headerMD(pl, results, d.binding, in.limiter.Now())
 		}
 		return ctx, md, nil, in.errorStatus(ctx, fullMethod, err)
 	}
 	if c.onShadow != nil {
 		in.reportShadowed(ctx, fullMethod, d)
 	}
-	md := headerMD(pl, results, d.binding)
+	md := headerMD(pl, results, d.binding, in.limiter.Now())
 	if !d.binding.Allowed {
 		return ctx, md, nil, in.deniedStatus(ctx, fullMethod, d.binding)
 	}

@@ -27,7 +27,9 @@ const (
 	HeaderReset = "X-Ratelimit-Reset"
 	// HeaderPolicy is `"<name>";q=<rate>;w=<window in seconds, rounded up>`
 	// for each enforced limit, separated by ", ", the name as PolicyName
-	// gives it.
+	// gives it; a Calendar limit's w is the length of the period the
+	// decision fell in (see Plan.PoliciesAt), and its t in HeaderRateLimit
+	// the seconds to that period's end.
 	HeaderPolicy = "Ratelimit-Policy"
 	// HeaderRateLimit is `"<name>";r=<remaining>;t=<as HeaderReset>` for
 	// each enforced limit, separated by ", ", with t for that limit's own
@@ -42,7 +44,8 @@ const (
 // it, a Structured Fields String (RFC 9651), quotes included: "burst" for a
 // Limit named burst, and for one with no Name a name derived from it,
 // "100-per-60s", or "10-per-500ms" for a window that is not a whole number
-// of seconds. '"' and '\' are escaped, and bytes outside printable ASCII
+// of seconds, "10000-per-day" or "1000-per-month@Europe/Berlin" for a
+// Calendar limit. '"' and '\' are escaped, and bytes outside printable ASCII
 // (which neither a String nor a gRPC metadata value can hold) are sent as
 // '_'. Use it to find a limit's items in those headers; grpclimit's
 // ratelimit-policy and ratelimit metadata name limits the same way.
@@ -73,9 +76,19 @@ func ResetSeconds(res ratelimit.Result) int64 {
 }
 
 // derivedName is the name of a limit that has none: "100-per-60s", or
-// "10-per-500ms" for a window that is not a whole number of seconds.
+// "10-per-500ms" for a window that is not a whole number of seconds; for a
+// Calendar limit "10000-per-day" in UTC, "1000-per-month@Europe/Berlin" in
+// another zone.
 func derivedName(limit ratelimit.Limit) string {
 	rate := strconv.FormatInt(limit.Rate, 10)
+	if limit.Calendar != 0 {
+		unit := map[ratelimit.Period]string{ratelimit.Daily: "day", ratelimit.Weekly: "week", ratelimit.Monthly: "month", ratelimit.Yearly: "year"}[limit.Calendar]
+		name := rate + "-per-" + unit
+		if zone := limit.Location.String(); zone != "UTC" {
+			name += "@" + zone
+		}
+		return name
+	}
 	if limit.Window%time.Second == 0 {
 		return rate + "-per-" + strconv.FormatInt(int64(limit.Window/time.Second), 10) + "s"
 	}
@@ -125,13 +138,18 @@ func neverPasses(res ratelimit.Result) bool {
 }
 
 // setPolicyHeaders sets the headers that describe the policies and need no
-// count: X-RateLimit-Limit, the binding limit's rate, and RateLimit-Policy.
-func setPolicyHeaders(h http.Header, set HeaderSet, pl *Plan, binding ratelimit.Result) {
+// count: X-RateLimit-Limit, the binding limit's rate, and RateLimit-Policy,
+// with the periods of its Calendar limits at now.
+func setPolicyHeaders(h http.Header, set HeaderSet, pl *Plan, binding ratelimit.Result, now func() time.Time) {
 	if set&XRateLimitHeaders != 0 {
 		h.Set(HeaderLimit, strconv.FormatInt(binding.Limit.Rate, 10))
 	}
 	if set&IETFHeaders != 0 {
-		h.Set(HeaderPolicy, strings.Join(pl.policies, ", "))
+		policies := pl.policies
+		if pl.calendar {
+			policies = pl.PoliciesAt(now())
+		}
+		h.Set(HeaderPolicy, strings.Join(policies, ", "))
 	}
 }
 
@@ -143,11 +161,11 @@ func setPolicyHeaders(h http.Header, set HeaderSet, pl *Plan, binding ratelimit.
 // that can never pass, because some limit's rate is below the cost, gets
 // Limit, Remaining and the policies, and nothing that names a time to retry
 // at: no Reset, no t for any policy, no Retry-After.
-func setHeaders(h http.Header, set HeaderSet, pl *Plan, results []ratelimit.Result, binding ratelimit.Result) {
+func setHeaders(h http.Header, set HeaderSet, pl *Plan, results []ratelimit.Result, binding ratelimit.Result, now func() time.Time) {
 	if !pl.Shown(results) {
 		return
 	}
-	setPolicyHeaders(h, set, pl, binding)
+	setPolicyHeaders(h, set, pl, binding, now)
 	if binding.Degraded {
 		return
 	}

@@ -265,7 +265,7 @@ func TestIETFHeadersAreStructuredFields(t *testing.T) {
 			for _, res := range results {
 				res.Limit = limit
 				h := http.Header{}
-				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}), []ratelimit.Result{res}, res)
+				setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(limit, name)}), []ratelimit.Result{res}, res, time.Now)
 
 				items, err := parseSFList(h.Get(HeaderPolicy))
 				require.NoError(t, err)
@@ -373,7 +373,7 @@ func TestSeveralPoliciesAreStructuredFields(t *testing.T) {
 					results[i].Allowed = o.allowed
 				}
 				h := http.Header{}
-				setHeaders(h, allHeaders, pl, results, ratelimit.Binding(results))
+				setHeaders(h, allHeaders, pl, results, ratelimit.Binding(results), time.Now)
 
 				var wantPolicy, wantState []sfItem
 				var visible []ratelimit.Result
@@ -512,7 +512,7 @@ func TestResetSeconds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.res.Limit = ratelimit.PerMinute(10)
 			h := http.Header{}
-			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}), []ratelimit.Result{tc.res}, tc.res)
+			setHeaders(h, allHeaders, newPlan([]ratelimit.Limit{named(tc.res.Limit, "p")}), []ratelimit.Result{tc.res}, tc.res, time.Now)
 			require.Equal(t, tc.retry, h.Get(HeaderRetryAfter))
 			require.Equal(t, tc.reset, h.Get(HeaderReset))
 			rl := `"p";r=0`

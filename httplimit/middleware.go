@@ -276,7 +276,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
 		if d.binding.Degraded && pl.Shown(results) { // a refused plan (pl nil) decided nothing
-			setPolicyHeaders(w.Header(), c.headers, pl, d.binding)
+			setPolicyHeaders(w.Header(), c.headers, pl, d.binding, m.limiter.Now)
 		}
 		c.onError(w, r, err)
 		return
@@ -284,7 +284,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if c.onShadow != nil {
 		m.reportShadowed(r, d)
 	}
-	setHeaders(w.Header(), c.headers, pl, results, d.binding)
+	setHeaders(w.Header(), c.headers, pl, results, d.binding, m.limiter.Now)
 	if !d.binding.Allowed {
 		c.denied.ServeHTTP(w, r)
 		return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/slidingwindow/ratelimit"
 )
@@ -21,7 +22,8 @@ type Plan struct {
 	limits   []ratelimit.Limit
 	names    []string // PolicyName of each limit, quoted once
 	enforced []int    // the indexes of the limits that can deny: all but Shadow ones
-	policies []string // the RateLimit-Policy item of each enforced limit
+	policies []string // the RateLimit-Policy item of each enforced limit; a Calendar limit's without its w
+	calendar bool     // some enforced limit is a Calendar one: its w is its period's, found at each decision
 }
 
 // NewPlan returns the plan of limits, in that order, or the error that
@@ -46,8 +48,13 @@ func newPlan(limits []ratelimit.Limit) *Plan {
 		pl.names[i] = PolicyName(limit)
 		if !limit.Shadow {
 			pl.enforced = append(pl.enforced, i)
-			pl.policies = append(pl.policies, pl.names[i]+";q="+strconv.FormatInt(limit.Rate, 10)+
-				";w="+strconv.FormatInt(seconds(limit.Window), 10))
+			item := pl.names[i] + ";q=" + strconv.FormatInt(limit.Rate, 10)
+			if limit.Calendar == 0 {
+				item += ";w=" + strconv.FormatInt(seconds(limit.Window), 10)
+			} else {
+				pl.calendar = true
+			}
+			pl.policies = append(pl.policies, item)
 		}
 	}
 	return pl
@@ -102,9 +109,33 @@ func (pl *Plan) Shown(results []ratelimit.Result) bool {
 // Policies returns the items of RateLimit-Policy (grpclimit's
 // ratelimit-policy values), one for each enforced limit, in order:
 // `"<name>";q=<rate>;w=<window in seconds, rounded up>`, the name as
-// PolicyName gives it. The slice is the caller's own.
+// PolicyName gives it; for a Calendar limit, w is the length of its period
+// that holds the current time, as PoliciesAt(time.Now()) gives it. The
+// slice is the caller's own.
 func (pl *Plan) Policies() []string {
+	if pl.calendar {
+		return pl.PoliciesAt(time.Now())
+	}
 	return append([]string(nil), pl.policies...)
+}
+
+// PoliciesAt returns the items of Policies as they stand at now: each
+// Calendar limit's w is the length of its period that holds now (a day of
+// a DST change lasts 23 or 25 hours, a month 28 to 31 days). The
+// middleware and grpclimit's interceptors send them at the time of the
+// Limiter's clock (ratelimit.Limiter.Now). The slice is the caller's own.
+func (pl *Plan) PoliciesAt(now time.Time) []string {
+	items := append([]string(nil), pl.policies...)
+	if !pl.calendar {
+		return items
+	}
+	for k, i := range pl.enforced {
+		if limit := pl.limits[i]; limit.Calendar != 0 {
+			start, end := limit.Calendar.Bounds(now, limit.Location)
+			items[k] += ";w=" + strconv.FormatInt(seconds(end.Sub(start)), 10)
+		}
+	}
+	return items
 }
 
 // RateLimits returns the items of RateLimit (grpclimit's ratelimit values)
