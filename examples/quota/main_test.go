@@ -60,6 +60,6 @@ func TestSession(t *testing.T) {
 	require.Equal(t, "2026-12-01T00:00:00+05:30/2027-01-01T00:00:00+05:30", body(w)["month"])
 	require.Equal(t, http.StatusOK, get("globex", "").Code)
 	require.Equal(t, http.StatusTooManyRequests, get("globex", "").Code) // the burst limit
-	clk.Add(2 * time.Second) // the burst window has slid past the two
-	require.Equal(t, 3.0, body(get("globex", ""))["month_used"]) // the request the burst limit refused took no token
+	clk.Add(2 * time.Second)                                             // the burst window has slid past the two
+	require.Equal(t, 3.0, body(get("globex", ""))["month_used"])         // the request the burst limit refused took no token
 }
