@@ -97,13 +97,13 @@ var units = map[string]struct {
 }
 
 // validKeys are the keys a configuration file may hold, at any level, as
-// in the reference, with ours (window, strict, leased).
+// in the reference, with ours (window, strict, leased, calendar).
 var validKeys = map[string]bool{
 	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
 	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
 	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
 	"value_to_metric": true, "share_threshold": true, "metadata": true,
-	"window": true, "strict": true, "leased": true,
+	"window": true, "strict": true, "leased": true, "calendar": true,
 }
 
 // A ConfigError says what is wrong with a configuration file, and where.
@@ -324,6 +324,7 @@ type yamlRateLimit struct {
 	Window          yaml.Node // ours: a whole number of ms, or a duration such as 1500ms
 	Strict          bool
 	Leased          bool
+	Calendar        string // ours: a time zone; the unit (DAY, WEEK, MONTH, YEAR) is then a calendar period there
 }
 
 // UnmarshalYAML keeps the line of a descriptor, for errors.
@@ -409,6 +410,32 @@ func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.No
 	default:
 		r.Unit, r.Limit.Window = u.unit, u.len
 	}
+	var period ratelimit.Period
+	var zone *time.Location
+	if y.Calendar != "" {
+		switch {
+		case y.Unlimited || hasWindow:
+			return nil, fail(at, "calendar '%s' needs a unit of day, week, month or year, not a window or unlimited", y.Calendar)
+		case r.Unit == pb.RateLimitResponse_RateLimit_DAY:
+			period = ratelimit.Daily
+		case r.Unit == pb.RateLimitResponse_RateLimit_WEEK:
+			period = ratelimit.Weekly
+		case r.Unit == pb.RateLimitResponse_RateLimit_MONTH:
+			period = ratelimit.Monthly
+		case r.Unit == pb.RateLimitResponse_RateLimit_YEAR:
+			period = ratelimit.Yearly
+		default:
+			return nil, fail(at, "calendar '%s' with unit '%s': a calendar period is a day, a week, a month or a year", y.Calendar, y.Unit)
+		}
+		loc, err := time.LoadLocation(y.Calendar)
+		if err != nil {
+			return nil, fail(at, "calendar '%s': %v", y.Calendar, err)
+		}
+		if loc != time.UTC {
+			zone = loc
+		}
+		r.Limit.Window = 0
+	}
 	for _, rep := range y.Replaces {
 		if rep.Name == "" {
 			return nil, fail(at, "should not have an empty replaces entry")
@@ -419,10 +446,15 @@ func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.No
 		r.Replaces = append(r.Replaces, rep.Name)
 	}
 	if !y.Unlimited {
-		r.Limit = ratelimit.Limit{Rate: int64(y.RequestsPerUnit), Window: r.Limit.Window, Name: y.Name, Strict: y.Strict, Shadow: soft, Leased: y.Leased}
+		r.Limit = ratelimit.Limit{Rate: int64(y.RequestsPerUnit), Window: r.Limit.Window, Name: y.Name, Strict: y.Strict, Shadow: soft, Leased: y.Leased,
+			Calendar: period, Location: zone}
 		if r.Limit.Rate > 0 {
 			if err := r.Limit.Validate(); err != nil {
-				return nil, fail(at, "rate limit %d per %v: %v", y.RequestsPerUnit, r.Limit.Window, strings.TrimPrefix(err.Error(), "ratelimit: "))
+				per := r.Limit.Window.String()
+				if period != 0 {
+					per = period.String() + " period in " + y.Calendar
+				}
+				return nil, fail(at, "rate limit %d per %v: %v", y.RequestsPerUnit, per, strings.TrimPrefix(err.Error(), "ratelimit: "))
 			}
 		}
 	} else if y.Strict || y.Leased {
@@ -497,7 +529,7 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 		}
 		key := descriptorKey(domain, entries)
 		r := &Rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, Key: key,
-			Limit: ratelimit.Limit{Rate: min(int64(o.GetRequestsPerUnit()), maxRate(u)), Window: u}}
+			Limit: ratelimit.Limit{Rate: min(int64(o.GetRequestsPerUnit()), maxRate(ratelimit.Limit{Window: u})), Window: u}}
 		return &Match{Rule: r, ID: idOf(domain, entries, nil), MetricKey: key}
 	}
 	var rule *Rule
@@ -581,9 +613,14 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 	return m
 }
 
-// maxRate returns the most requests a window of length w holds exactly:
-// the library's Rate × window in ms is at most 2^53.
-func maxRate(w time.Duration) int64 { return (1 << 53) / w.Milliseconds() }
+// maxRate returns the most requests a limit holds exactly: the library's
+// Rate × window in ms is at most 2^53, and a calendar period's count too.
+func maxRate(limit ratelimit.Limit) int64 {
+	if limit.Calendar != 0 {
+		return 1 << 53
+	}
+	return (1 << 53) / limit.Window.Milliseconds()
+}
 
 // unitOf returns the length of a reference unit.
 func unitOf(u pb.RateLimitResponse_RateLimit_Unit) (time.Duration, bool) {

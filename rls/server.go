@@ -294,7 +294,8 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 		}
 		limit := d.match.Rule.Limit
 		for q := range quotas {
-			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict {
+			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict &&
+				o.Limit.Calendar == limit.Calendar && o.Limit.Location.String() == limit.Location.String() {
 				d.quota = q
 				o.Cost = min(o.Cost+d.hits, MaxHits)
 				d.upTo = o.Cost
@@ -321,7 +322,7 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 		if d.match.Rule.Limit.Shadow && !q.Limit.Shadow {
 			continue
 		}
-		r := min(d.match.Rule.Limit.Rate+q.Cost-d.upTo, maxRate(q.Limit.Window))
+		r := min(d.match.Rule.Limit.Rate+q.Cost-d.upTo, maxRate(q.Limit))
 		if rates[d.quota] == 0 || r < rates[d.quota] {
 			rates[d.quota] = r
 		}

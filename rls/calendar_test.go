@@ -1,0 +1,75 @@
+package rls
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+const calendarConfig = `
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: month, requests_per_unit: 2, calendar: America/New_York}
+  - key: user
+    rate_limit: {unit: month, requests_per_unit: 2}
+  - key: plan
+    rate_limit: {unit: day, requests_per_unit: 3, calendar: UTC}
+`
+
+// A rule with calendar is a calendar period in that zone; a month without
+// it stays the reference's 30 days from the epoch.
+func TestCalendarRules(t *testing.T) {
+	c := load(t, calendarConfig)
+	ny, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
+	for key, want := range map[string]ratelimit.Limit{
+		"tenant": {Rate: 2, Calendar: ratelimit.Monthly, Location: ny},
+		"user":   {Rate: 2, Window: 30 * 24 * time.Hour},
+		"plan":   {Rate: 3, Calendar: ratelimit.Daily},
+	} {
+		m := c.Match("api", desc(key, "x"))
+		require.NotNil(t, m, key)
+		require.Equal(t, want.String(), m.Rule.Limit.String(), key)
+	}
+
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	now := time.Date(2026, 11, 30, 23, 0, 0, 0, ny) // an hour before December in New York
+	l := ratelimit.New(client, ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithTimeout(time.Minute))
+	s := NewServer(l, c)
+	ask := func() *pb.RateLimitResponse {
+		resp, err := s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("tenant", "acme")}})
+		require.NoError(t, err)
+		return resp
+	}
+	require.Equal(t, pb.RateLimitResponse_OK, ask().OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OK, ask().OverallCode)
+	r := ask()
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, time.Hour, r.Statuses[0].DurationUntilReset.AsDuration())
+	require.Equal(t, &pb.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: pb.RateLimitResponse_RateLimit_MONTH}, r.Statuses[0].CurrentLimit)
+	now = now.Add(time.Hour)
+	require.Equal(t, pb.RateLimitResponse_OK, ask().OverallCode)
+}
+
+func TestCalendarRuleErrors(t *testing.T) {
+	for yaml, says := range map[string]string{
+		`{unit: minute, requests_per_unit: 2, calendar: UTC}`:            "a calendar period is a day, a week, a month or a year",
+		`{window: 1h, requests_per_unit: 2, calendar: UTC}`:              "needs a unit of day, week, month or year",
+		`{unit: day, requests_per_unit: 2, calendar: Mars/Olympus}`:      "calendar 'Mars/Olympus'",
+		`{unit: day, requests_per_unit: 2, calendar: UTC, strict: true}`: "a period is already a hard bound",
+	} {
+		_, err := LoadConfig([]File{{Name: "config.yaml", Data: []byte("domain: api\ndescriptors:\n  - key: k\n    rate_limit: " + yaml + "\n")}})
+		require.ErrorContains(t, err, says, yaml)
+	}
+}
