@@ -172,6 +172,9 @@ func (s *study) writeChoice(b *strings.Builder) {
 		times(precise.outcomes[iDenied].worst, c.Rate),
 		share(bnd, iDenied), share(bnd, iExact), share(bnd, iSliding),
 		pct(steady.outcomes[iDenied].wrongDeny, steady.outcomes[iDenied].requests))
+	iFixed := s.algoIndex("fixed window")
+	p("| calendar period (`Limit.Calendar`) | billing plans: so many a day, a week, a month or a year, from midnight in the customer's zone | exactly R within each period; across a boundary up to %s, by design: R at the end of one period and R more at the start of the next (the fixed window's rule, with periods for windows: its rows above are a calendar period's) | 1 count per client and period; a client that used its quota early waits until the period ends |\n",
+		times(max(bnd.outcomes[iFixed].worst, precise.outcomes[iFixed].worst), c.Rate))
 	p("\n")
 }
 
