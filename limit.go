@@ -6,6 +6,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -192,6 +193,33 @@ func calendarWindow(window string) bool {
 	return ok
 }
 
+// parseWindow reads the window of ParseLimit's long form: what
+// time.ParseDuration reads, and as configuration is often written, a
+// whole number of days first ("1d", "7d", "1d12h"), or a unit alone for
+// one of it ("s", "m", "h", "d", "ms").
+func parseWindow(s string) (time.Duration, error) {
+	if s != "" && (s[0] < '0' || s[0] > '9') && s[0] != '.' && s[0] != '+' && s[0] != '-' {
+		s = "1" + s // a unit alone: "s" is one second
+	}
+	days, rest, ok := strings.Cut(s, "d")
+	if !ok {
+		return time.ParseDuration(s)
+	}
+	n, err := strconv.ParseInt(days, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/int64(24*time.Hour) {
+		return 0, fmt.Errorf("%q is not a whole number of days", days)
+	}
+	d := time.Duration(n) * 24 * time.Hour
+	if rest == "" {
+		return d, nil
+	}
+	more, err := time.ParseDuration(rest)
+	if err != nil || more < 0 || more > math.MaxInt64-d {
+		return 0, fmt.Errorf("%q after the days is not a duration", rest)
+	}
+	return d + more, nil
+}
+
 // ulule/limiter's short form names its window with one letter.
 var shortWindows = map[string]time.Duration{"S": time.Second, "M": time.Minute, "H": time.Hour, "D": 24 * time.Hour}
 
@@ -200,7 +228,10 @@ var shortWindows = map[string]time.Duration{"S": time.Second, "M": time.Minute, 
 // weekly, monthly or yearly, then optionally "@" and a zone that
 // time.LoadLocation finds: "10000/daily@Europe/Berlin"), then any of the flags
 // strict, shadow and leased, each at most once, in any order, separated by
-// spaces: "100/1m0s", "100/1m", "10/1s strict shadow leased". It also reads
+// spaces: "100/1m0s", "100/1m", "10/1s strict shadow leased". The window
+// may also start with a whole number of days, "1000/1d", "10/7d",
+// "5/1d12h", or be a unit alone for one of it, "10/s", "1000/d" (a day of
+// 24 hours, sliding; "daily" is the calendar day). It also reads
 // ulule/limiter's short form, a rate, "-" and a window of S, M, H or D (a
 // second, a minute, an hour, a day; in either case, as ulule reads it):
 // "1000-H", which flags may follow too. String does not print Name, so
@@ -247,9 +278,9 @@ func ParseLimit(s string) (Limit, error) {
 			}
 		}
 	} else if long {
-		d, err := time.ParseDuration(window)
+		d, err := parseWindow(window)
 		if err != nil {
-			return bad("window %q is not a duration such as 1m or 500ms (at most about 292 years)", window)
+			return bad("window %q is not a duration such as 1m, 500ms, 1d or s (at most about 292 years)", window)
 		}
 		l.Window = d
 	} else {

@@ -35,6 +35,16 @@ func TestParseLimit(t *testing.T) {
 		{"2000-D", ratelimit.PerDay(2000)},
 		{"5-m", ratelimit.PerMinute(5)}, // ulule reads the letter in either case: m is a minute
 		{"2000-D strict", ratelimit.Limit{Rate: 2000, Window: 24 * time.Hour, Strict: true}},
+		// as configuration is often written: days, and a unit alone
+		{"1000/1d", ratelimit.PerDay(1000)},
+		{"10/7d", ratelimit.Limit{Rate: 10, Window: 7 * 24 * time.Hour}},
+		{"5/1d12h", ratelimit.Limit{Rate: 5, Window: 36 * time.Hour}},
+		{"10/s", ratelimit.PerSecond(10)},
+		{"10/m", ratelimit.PerMinute(10)},
+		{"10/h leased", ratelimit.Limit{Rate: 10, Window: time.Hour, Leased: true}},
+		{"1000/d", ratelimit.PerDay(1000)},
+		{"10/ms", ratelimit.Limit{Rate: 10, Window: time.Millisecond}},
+		{"10000/daily", ratelimit.PerPeriod(10000, ratelimit.Daily, nil)},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ratelimit.ParseLimit(tc.in)
@@ -57,6 +67,10 @@ func TestParseLimitErrors(t *testing.T) {
 		{"10/", `"10/": window "" is not a duration`},
 		{"10/1", `"10/1": window "1" is not a duration`},
 		{"10/1s/2", `"10/1s/2": window "1s/2" is not a duration`},
+		{"10/1.5d", `"10/1.5d": window "1.5d" is not a duration`},
+		{"10/1dx", `"10/1dx": window "1dx" is not a duration`},
+		{"10/106752d", `"10/106752d": window "106752d" is not a duration`}, // past 292 years
+		{"10/x", `"10/x": window "x" is not a duration`},
 		{"10/-1s", `"10/-1s": window -1s is shorter than 1ms`},
 		{"10/0s", `"10/0s": window 0s is shorter than 1ms`},
 		{"10/1.5ms", `"10/1.5ms": window 1.5ms is not a whole number of milliseconds`},
