@@ -22,8 +22,9 @@
 //
 //	client := redis.NewClient(&redis.Options{
 //		Addr:                  "localhost:6379",
-//		ContextTimeoutEnabled: true,
-//		DialTimeout:           300 * time.Millisecond,
+//		ContextTimeoutEnabled: true,                   // go-redis stops at the Limiter's timeout
+//		DialTimeout:           500 * time.Millisecond, // a down Redis costs a decision at most this
+//		DialerRetries:         1,                      // not 5 dials per call
 //	})
 //	limiter := ratelimit.New(client)
 //	res, err := limiter.Allow(ctx, "user-42", ratelimit.PerMinute(100))

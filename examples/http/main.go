@@ -168,14 +168,14 @@ func hello(w http.ResponseWriter, r *http.Request) {
 // stops (it does not run TTLs on the wall clock), which a demo can afford.
 func connect() (redis.UniversalClient, string, func()) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 		return client, "Redis at " + addr, func() { _ = client.Close() }
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		log.Fatalf("miniredis: %v", err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 	return client, "an embedded miniredis (set REDIS_ADDR for a real Redis)", func() {
 		_ = client.Close()
 		mr.Close()

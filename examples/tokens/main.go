@@ -52,7 +52,7 @@ func main() {
 		defer mr.Close()
 		redisAddr = mr.Addr()
 	}
-	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 	defer func() { _ = client.Close() }()
 	limiter := ratelimit.New(client)
 

@@ -242,7 +242,7 @@ func connect() (newClient func() *redis.Client, where string, stop func()) {
 		addr, where, stop = mr.Addr(), "an embedded miniredis (set REDIS_ADDR to use a real Redis)", mr.Close
 	}
 	newClient = func() *redis.Client {
-		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 	}
 	return newClient, where, stop
 }

@@ -121,13 +121,13 @@ func printHeader(md metadata.MD) {
 // miniredis, and a function that closes both.
 func connect() (*redis.Client, func(), error) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 		return rdb, func() { _ = rdb.Close() }, nil
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		return nil, nil, err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 	return rdb, func() { _ = rdb.Close(); mr.Close() }, nil
 }

@@ -116,14 +116,14 @@ func main() {
 // the Limiter gives each decision.
 func connect() (*redis.Client, string, func()) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 		return client, "Redis at " + addr, func() { _ = client.Close() }
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		log.Fatalf("miniredis: %v", err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond, DialerRetries: 1})
 	return client, "an embedded miniredis (set REDIS_ADDR for a real Redis)", func() {
 		_ = client.Close()
 		mr.Close()
