@@ -68,23 +68,20 @@ func periodOf(p ratelimit.Period, loc *time.Location, t int64) int64 {
 // periodEnd returns the first Unix ms after t in another period than t's.
 func periodEnd(p ratelimit.Period, loc *time.Location, t int64) int64 {
 	cur := periodOf(p, loc, t)
-	lo, hi := t, t+400*24*3600*1000
-	for hi-lo > 1 {
-		if mid := lo + (hi-lo)/2; periodOf(p, loc, mid) == cur {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return hi
+	return bisect(t, t+400*24*3600*1000, func(u int64) bool { return periodOf(p, loc, u) != cur })
 }
 
 // periodStart returns the first Unix ms in t's period.
 func periodStart(p ratelimit.Period, loc *time.Location, t int64) int64 {
 	cur := periodOf(p, loc, t)
-	lo, hi := t-400*24*3600*1000, t
+	return bisect(t-400*24*3600*1000, t, func(u int64) bool { return periodOf(p, loc, u) == cur })
+}
+
+// bisect returns the first ms in (lo, hi] at which past holds, for a past
+// false at lo and true at hi that changes once between them.
+func bisect(lo, hi int64, past func(int64) bool) int64 {
 	for hi-lo > 1 {
-		if mid := lo + (hi-lo)/2; periodOf(p, loc, mid) == cur {
+		if mid := lo + (hi-lo)/2; past(mid) {
 			hi = mid
 		} else {
 			lo = mid
