@@ -35,15 +35,18 @@
 // Limiter: it gives back what leased limits hold and waits for its work in
 // the background.
 //
-// Of the go-redis client's options, three matter here. ContextTimeoutEnabled:
+// Of the go-redis client's options, four matter here. ContextTimeoutEnabled:
 // true lets the client stop at the deadline each decision carries, with no
 // goroutine left waiting on a dead server. A short DialTimeout (go-redis's
-// default is 5s) bounds a connection attempt to a server that is gone.
+// default is 5s) bounds a connection attempt to a server that is gone, and
+// DialerRetries: 1 keeps go-redis from dialing it 5 times per call.
 // MaxRetries can be anything: the script is sent as a command go-redis never
 // retries, so a lost reply is never a second count.
 //
 // For HTTP services, package
 // [github.com/slidingwindow/ratelimit/httplimit] puts a Limiter in front of
 // any net/http handler, with the rate-limit headers, client-IP rules and
-// 429/503 answers.
+// 429/503 answers. For users' own tests, package
+// [github.com/slidingwindow/ratelimit/ratelimittest] gives a Limiter on an
+// in-process Redis and a clock the test moves: no Redis server, no sleeps.
 package ratelimit
