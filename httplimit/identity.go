@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -84,6 +85,41 @@ func idString(v any) string {
 
 // identity returns the id r is counted under: the first KeyFunc's non-empty
 // answer or the client address, after the route if there is one.
+// ClientAddress is the KeyFunc of a request's client address as the
+// middleware computes it, from RemoteAddr or the proxy headers it trusts
+// (WithTrustedProxies, WithClientIPHeader), IPv6 addresses grouped by
+// WithIPv6Prefix: the identity ClientKey gives. It is for WithLimitsPer,
+// whose limits it counts per address beside the plan's own identity; the
+// middleware hands the address to it, and outside the middleware it
+// returns "".
+func ClientAddress(r *http.Request) string {
+	key, _ := r.Context().Value(clientAddressKey{}).(string)
+	return key
+}
+
+// clientAddressKey is where the middleware puts a request's client
+// address, for ClientAddress.
+type clientAddressKey struct{}
+
+// perIDs returns the id of each of c.per for r, "" for an identity r does
+// not have; the route, if any, comes first, as identity puts it.
+func (c *config) perIDs(r *http.Request) []string {
+	r = r.WithContext(context.WithValue(r.Context(), clientAddressKey{}, c.ip.key(r)))
+	route := ""
+	if c.route != nil {
+		if route = c.route(r); route != "" {
+			route = routeEscaper.Replace(route) + "|"
+		}
+	}
+	ids := make([]string, len(c.per))
+	for i, p := range c.per {
+		if id := p.key(r); id != "" {
+			ids[i] = route + routeEscaper.Replace(p.name) + "|" + id
+		}
+	}
+	return ids
+}
+
 func (c *config) identity(r *http.Request) string {
 	id := ""
 	for _, fn := range c.keys {

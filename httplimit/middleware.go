@@ -53,6 +53,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 
 	"github.com/slidingwindow/ratelimit"
 )
@@ -150,9 +151,22 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if err != nil {
 		cfg.errs = append(cfg.errs, err)
 	}
+	if static != nil && len(cfg.per) > 0 {
+		parts := []part{{limits: static.limits}}
+		for _, p := range cfg.per {
+			parts = append(parts, part{limits: p.limits})
+		}
+		if _, err := joined(parts); err != nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: New with WithLimitsPer: %w", err))
+		}
+	}
 	if cfg.slots != nil {
 		name, _ := slotPolicy(*cfg.slots)
-		for _, limit := range append([]ratelimit.Limit{limit}, cfg.extra...) {
+		all := append([]ratelimit.Limit{limit}, cfg.extra...)
+		for _, p := range cfg.per {
+			all = append(all, p.limits...)
+		}
+		for _, limit := range all {
 			if PolicyName(limit) == name {
 				cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: WithConcurrency's limit and the plan's %v are both named %s: the headers could not tell them apart", limit, name))
 			}
@@ -182,8 +196,30 @@ type decided struct {
 	results []ratelimit.Result
 	binding ratelimit.Result
 	limiter *ratelimit.Limiter
-	id      string
-	limits  []ratelimit.Limit
+	// parts are the identities the decision counted under, each with its
+	// limits, whose Results are results in the same order: the plan's
+	// identity first, then WithLimitsPer's that the request has.
+	parts []part
+}
+
+// part is one identity of a decision and the limits counted under it.
+type part struct {
+	id     string
+	limits []ratelimit.Limit
+}
+
+// refund gives back cost under every identity of d: what a full
+// concurrency limit or WithCountIf does not count. It is owed even if the
+// client left, within the Limiter's timeout; a refund of what was not
+// counted (shadow mode let a denial through, the failure policy decided)
+// is an error that is no failure, and is not reported.
+func (d *decided) refund(ctx context.Context, cost int64) {
+	ctx = context.WithoutCancel(ctx)
+	at := 0
+	for _, p := range d.parts {
+		_ = d.limiter.Refund(ctx, p.id, d.results[at:at+len(p.limits)], cost)
+		at += len(p.limits)
+	}
 }
 
 // Charge charges the client of r, under the plan the middleware decided r against,
@@ -200,8 +236,13 @@ func Charge(r *http.Request, n int64) error {
 	}
 	// The work is done: a client that left owes it all the same, within the
 	// Limiter's timeout.
-	_, err := d.limiter.Charge(context.WithoutCancel(r.Context()), d.id, d.limits, n)
-	return err
+	var errs []error
+	for _, p := range d.parts {
+		if _, err := d.limiter.Charge(context.WithoutCancel(r.Context()), p.id, p.limits, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 type resultKey struct{}
@@ -225,8 +266,9 @@ func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 // FromContextAll returns every Result of the decision the middleware made
 // for the request whose context ctx is, one per limit, Shadow ones
 // included, in the order of the plan (the limit given to New first, then
-// WithLimits' in order; or WithPlanFunc's), and whether there was a
-// decision. The slice is the caller's own.
+// WithLimits' in order; or WithPlanFunc's), then of each WithLimitsPer the
+// request has an identity for, and whether there was a decision. The
+// slice is the caller's own.
 func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(*decided)
 	if !ok {
@@ -241,6 +283,78 @@ type middleware struct {
 	// static is the default plan, the limit given to New and WithLimits',
 	// built and checked once by New.
 	static *Plan
+	// withPerStatic holds the default plan with the limits of each set
+	// of WithLimitsPer's identities, by the set's bits, made once each.
+	withPerStatic sync.Map // uint64 -> *Plan
+}
+
+// withPer adds to parts, the plan pl's identity, each WithLimitsPer
+// identity r has, and returns the plan of all their limits, for the
+// headers. A plan of WithPlanFunc whose names meet an identity's is an
+// error, returned with what planFor returns for a plan it refuses.
+func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []part, []ratelimit.Result, error) {
+	var set uint64
+	for i, id := range m.cfg.perIDs(r) {
+		if id != "" {
+			set |= 1 << i
+			parts = append(parts, part{id: id, limits: m.cfg.per[i].limits})
+		}
+	}
+	if set == 0 {
+		return pl, parts, nil, nil
+	}
+	if pl == m.static {
+		if all, ok := m.withPerStatic.Load(set); ok {
+			return all.(*Plan), parts, nil, nil
+		}
+	}
+	all, err := joined(parts)
+	if err != nil {
+		var results []ratelimit.Result
+		for _, p := range parts {
+			for _, limit := range p.limits {
+				results = append(results, ratelimit.Result{Limit: limit})
+			}
+		}
+		return nil, nil, results, fmt.Errorf("httplimit: WithPlanFunc's plan with WithLimitsPer: %w", err)
+	}
+	if pl == m.static {
+		m.withPerStatic.Store(set, all)
+	}
+	return all, parts, nil, nil
+}
+
+// joined returns the plan of every limit of parts, in order, for the
+// headers: checked for names the headers could not tell apart, each
+// part's limits being a plan of its own already.
+func joined(parts []part) (*Plan, error) {
+	var limits []ratelimit.Limit
+	for _, p := range parts {
+		limits = append(limits, p.limits...)
+	}
+	pl := newPlan(limits)
+	for i, name := range pl.names {
+		for j, other := range pl.names[:i] {
+			if other == name {
+				return nil, fmt.Errorf("%w: two limits are named %s (%v and %v); the rate-limit headers could not tell them apart",
+					ratelimit.ErrInvalidLimit, name, pl.limits[j], pl.limits[i])
+			}
+		}
+	}
+	return pl, nil
+}
+
+// quotas returns the quotas of a decision of parts at cost, for AllowMany,
+// which leases nothing: Leased is dropped.
+func quotas(parts []part, cost int64) []ratelimit.Quota {
+	var qs []ratelimit.Quota
+	for _, p := range parts {
+		for _, limit := range p.limits {
+			limit.Leased = false
+			qs = append(qs, ratelimit.Quota{ID: p.id, Limit: limit, Cost: cost})
+		}
+	}
+	return qs
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -260,18 +374,27 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	pl, results, err := m.planFor(r)
-	var id string
+	var parts []part
 	cost := int64(1)
 	if err == nil {
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		id = c.identity(r)
-		results, err = m.limiter.AllowAll(r.Context(), id, pl.limits, cost)
+		parts = []part{{id: c.identity(r), limits: pl.limits}}
+		if len(c.per) > 0 {
+			pl, parts, results, err = m.withPer(r, pl, parts)
+		}
+	}
+	switch {
+	case err != nil:
+	case len(parts) == 1:
+		results, err = m.limiter.AllowAll(r.Context(), parts[0].id, pl.limits, cost)
+	default:
+		results, err = m.limiter.AllowMany(r.Context(), quotas(parts, cost))
 	}
 	d := &decided{results: results, binding: ratelimit.Binding(results)}
 	if err == nil {
-		d.limiter, d.id, d.limits = m.limiter, id, pl.limits
+		d.limiter, d.parts = m.limiter, parts
 	}
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 	if err != nil {
@@ -290,10 +413,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if c.slots != nil {
-		slot, err := m.limiter.Acquire(r.Context(), id, *c.slots)
+		slot, err := m.limiter.Acquire(r.Context(), parts[0].id, *c.slots)
 		if err != nil || !slot.Acquired {
 			// counted by neither: the plan gives back what it counted
-			_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
+			d.refund(r.Context(), cost)
 			if err != nil {
 				c.onError(w, r, err)
 				return
@@ -322,12 +445,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			status = http.StatusOK
 		}
 		if !c.countIf(r, status) {
-			// Nothing to give back when nothing was counted (shadow mode let
-			// a denial through, or the failure policy decided): Refund says
-			// so, and that is no failure to report. The client may have
-			// left: the refund is owed all the same, within the Limiter's
-			// timeout.
-			_ = m.limiter.Refund(context.WithoutCancel(r.Context()), id, results, cost)
+			d.refund(r.Context(), cost)
 		}
 	}()
 	next.ServeHTTP(sw, r)

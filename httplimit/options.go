@@ -64,7 +64,16 @@ type config struct {
 	denied   http.Handler
 	onError  func(http.ResponseWriter, *http.Request, error)
 	slots    *ratelimit.Concurrency // WithConcurrency
+	per      []perIdentity          // WithLimitsPer, in order
 	errs     []error                // what the options found wrong; New reports them
+}
+
+// perIdentity is one WithLimitsPer: limits counted under a further
+// identity of each request.
+type perIdentity struct {
+	name   string
+	key    KeyFunc
+	limits []ratelimit.Limit // each named for the headers, Leased dropped
 }
 
 // WithKeys sets how requests are told apart: each KeyFunc is tried in turn
@@ -199,6 +208,71 @@ func WithIPv6Prefix(bits int) Option {
 func WithLimits(limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) { c.extra = limits })
+}
+
+// WithLimitsPer holds every request to limits counted under a further
+// identity besides the plan's own (WithKeys'): the id key gives it, or with
+// ClientAddress the client's address as the middleware computes it
+// (trusted proxies, IPv6 prefix), counted as "<name>|<id>" (after the route
+// and '|', with WithRoute). The API key and the address at once, as public
+// APIs hold them:
+//
+//	httplimit.New(limiter, ratelimit.Limit{Name: "per-key", Rate: 5000, Window: time.Hour},
+//		httplimit.WithKeys(httplimit.APIKey("X-API-Key", known)),
+//		httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, ratelimit.PerMinute(100)))
+//
+// The plan's limits and every identity's are decided in one call of the
+// Limiter's AllowMany, all or nothing: a request that any of them denies is
+// counted under none. A request for which key returns "" has no such
+// identity, and its limits are left out of its decision (never counted
+// under another identity). In a decision of several identities no limit is
+// Leased: AllowMany decides in Redis.
+//
+// name tells the identity's limits apart in the headers: each of limits
+// with no Name is named name, or with several limits name and its derived
+// name ("per-ip-100-per-60s"). RateLimit-Policy and RateLimit list every
+// enforced limit of the decision, the plan's first, then each identity's in
+// the order of the options; the X-RateLimit headers and Retry-After follow
+// the binding one, of whichever identity; FromContextAll returns every
+// Result in that order. WithCountIf's refunds, Charge, WithConcurrency (a
+// slot of the plan's identity), shadow limits and the failure policy treat
+// the decision as one. name must be unique among WithLimitsPer's, key not
+// nil, limits a valid plan (see WithLimits), and every name in the headers
+// distinct: New reports what is not.
+func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
+	limits = append([]ratelimit.Limit(nil), limits...)
+	return optionFunc(func(c *config) {
+		where := fmt.Sprintf("httplimit: WithLimitsPer(%q)", name)
+		switch {
+		case name == "":
+			c.errs = append(c.errs, errors.New("httplimit: WithLimitsPer: the identity has no name"))
+			return
+		case key == nil:
+			c.errs = append(c.errs, fmt.Errorf("%s: the KeyFunc is nil (ClientAddress for the client's address)", where))
+			return
+		}
+		for _, p := range c.per {
+			if p.name == name {
+				c.errs = append(c.errs, fmt.Errorf("%s given twice", where))
+				return
+			}
+		}
+		for i := range limits {
+			limits[i].Leased = false
+			if limits[i].Name != "" || limits[i] == (ratelimit.Limit{}) {
+				continue
+			}
+			limits[i].Name = name
+			if len(limits) > 1 {
+				limits[i].Name += "-" + derivedName(limits[i])
+			}
+		}
+		if _, err := NewPlan(limits...); err != nil {
+			c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))
+			return
+		}
+		c.per = append(c.per, perIdentity{name: name, key: key, limits: limits})
+	})
 }
 
 // WithPlanFunc chooses the limits each request is decided against, for
