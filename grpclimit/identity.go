@@ -28,6 +28,40 @@ const UnknownClient = httplimit.UnknownClient
 // count one client under one key.
 func ClientKey(addr netip.Addr, ipv6Bits int) string { return httplimit.ClientKey(addr, ipv6Bits) }
 
+// ClientAddress is the KeyFunc of a call's client address as the
+// interceptor computes it, from the peer or the metadata it trusts
+// (WithTrustedMetadata), IPv6 addresses grouped by WithIPv6Prefix: the
+// identity ClientKey gives (UnknownClient without a usable address). It is
+// for WithLimitsPer, whose limits it counts per address beside the plan's
+// own identity, as httplimit.ClientAddress is; the interceptor hands the
+// address to it, and outside the interceptor it returns "".
+func ClientAddress(ctx context.Context, _ string) string {
+	key, _ := ctx.Value(clientAddressKey{}).(string)
+	return key
+}
+
+// clientAddressKey is where the interceptor puts a call's client address,
+// for ClientAddress.
+type clientAddressKey struct{}
+
+// perIDs returns the id of each of c.per for a call, "" for an identity it
+// does not have; prefix (the method and '|', for a method counted apart)
+// comes first.
+func (c *config) perIDs(ctx context.Context, fullMethod, prefix string) []string {
+	addr := UnknownClient
+	if a, ok := c.clientAddr(ctx); ok {
+		addr = ClientKey(a, c.v6Bits)
+	}
+	ctx = context.WithValue(ctx, clientAddressKey{}, addr)
+	ids := make([]string, len(c.per))
+	for i, p := range c.per {
+		if id := p.key(ctx, fullMethod); id != "" {
+			ids[i] = prefix + p.name + "|" + id
+		}
+	}
+	return ids
+}
+
 // identity returns the id a call is counted under: the first KeyFunc's
 // answer that is not empty, or else the client address's key, ClientKey's
 // (UnknownClient for a call without a usable address), so that one client

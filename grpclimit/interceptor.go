@@ -232,9 +232,9 @@ func (in *interceptor) acquire(ctx context.Context, fullMethod string, d *decide
 	if c == nil || d.limiter == nil {
 		return ratelimit.Slot{}, md, nil
 	}
-	slot, err := in.limiter.Acquire(ctx, d.id, *c)
+	slot, err := in.limiter.Acquire(ctx, d.parts[0].id, *c)
 	if err != nil || !slot.Acquired {
-		_ = in.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)
+		d.refund(ctx)
 	}
 	if err != nil {
 		return slot, md, in.errorStatus(ctx, fullMethod, err)
@@ -272,11 +272,72 @@ func slotDenied(slot ratelimit.Slot) error {
 // returned an error: there is nothing to charge or refund.
 type decided struct {
 	limiter *ratelimit.Limiter
-	id      string
-	limits  []ratelimit.Limit
+	// parts are the identities the decision counted under, each with its
+	// limits, whose Results are results in the same order: the plan's
+	// identity first, then WithLimitsPer's that the call has.
+	parts   []part
 	results []ratelimit.Result
 	binding ratelimit.Result
 	cost    int64
+}
+
+// part is one identity of a decision and the limits counted under it.
+type part struct {
+	id     string
+	limits []ratelimit.Limit
+}
+
+// refund gives back the call's cost under every identity of d, owed even
+// if the caller left, within the Limiter's timeout; a refund of what was
+// not counted is no failure, and is not reported.
+func (d *decided) refund(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	at := 0
+	for _, p := range d.parts {
+		_ = d.limiter.Refund(ctx, p.id, d.results[at:at+len(p.limits)], d.cost)
+		at += len(p.limits)
+	}
+}
+
+// quotas returns the quotas of a decision of parts at cost, for AllowMany,
+// which leases nothing: Leased is dropped.
+func quotas(parts []part, cost int64) []ratelimit.Quota {
+	var qs []ratelimit.Quota
+	for _, p := range parts {
+		for _, limit := range p.limits {
+			limit.Leased = false
+			qs = append(qs, ratelimit.Quota{ID: p.id, Limit: limit, Cost: cost})
+		}
+	}
+	return qs
+}
+
+// withPer adds to parts, the plan pl's identity, each WithLimitsPer
+// identity the call has, and returns the plan of all their limits, for the
+// metadata. A plan whose names meet an identity's is an error, returned
+// with what planFor returns for a plan it refuses.
+func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, pl *httplimit.Plan, parts []part) (*httplimit.Plan, []part, []ratelimit.Result, error) {
+	var plans []*httplimit.Plan
+	for i, id := range in.cfg.perIDs(ctx, fullMethod, prefix) {
+		if id != "" {
+			parts = append(parts, part{id: id, limits: in.cfg.per[i].plan.Limits()})
+			plans = append(plans, in.cfg.per[i].plan)
+		}
+	}
+	if len(plans) == 0 {
+		return pl, parts, nil, nil
+	}
+	all, err := pl.Join(plans...)
+	if err != nil {
+		var results []ratelimit.Result
+		for _, p := range parts {
+			for _, limit := range p.limits {
+				results = append(results, ratelimit.Result{Limit: limit})
+			}
+		}
+		return nil, nil, results, fmt.Errorf("grpclimit: the plan with WithLimitsPer: %w", err)
+	}
+	return all, parts, nil, nil
 }
 
 type decidedKey struct{}
@@ -299,8 +360,9 @@ func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 
 // FromContextAll returns every Result of the decision the interceptor made
 // for the call whose context ctx is, one per limit, Shadow ones included,
-// in the order of the call's plan, and whether there was a decision. The
-// slice is the caller's own.
+// in the order of the call's plan, then of each WithLimitsPer the call has
+// an identity for, and whether there was a decision. The slice is the
+// caller's own.
 func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 	d, ok := ctx.Value(decidedKey{}).(*decided)
 	if !ok {
@@ -329,7 +391,7 @@ func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided
 	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, code) {
 		return
 	}
-	_ = d.limiter.Refund(context.WithoutCancel(ctx), d.id, d.results, d.cost)
+	d.refund(ctx)
 }
 
 // Charge charges the caller of the call whose context ctx is (a handler's,
@@ -344,8 +406,13 @@ func Charge(ctx context.Context, n int64) error {
 	}
 	// The work is done: a caller that left owes it all the same, within the
 	// Limiter's timeout.
-	_, err := d.limiter.Charge(context.WithoutCancel(ctx), d.id, d.limits, n)
-	return err
+	var errs []error
+	for _, p := range d.parts {
+		if _, err := d.limiter.Charge(context.WithoutCancel(ctx), p.id, p.limits, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // errMisconfigured answers every call of an interceptor whose configuration
@@ -428,9 +495,25 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	if err != nil {
 		cfg.errs = append(cfg.errs, err)
 	}
+	var perPlans []*httplimit.Plan
+	perLimits := []ratelimit.Limit{}
+	for _, p := range cfg.per {
+		perPlans = append(perPlans, p.plan)
+		perLimits = append(perLimits, p.plan.Limits()...)
+	}
+	if base != nil && len(perPlans) > 0 {
+		if _, err := base.Join(perPlans...); err != nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s with WithLimitsPer: %w", fn, err))
+		}
+		for method, pl := range cfg.methods {
+			if _, err := pl.Join(perPlans...); err != nil {
+				cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: WithMethodLimits' %s with WithLimitsPer: %w", method, err))
+			}
+		}
+	}
 	if cfg.slots != nil {
 		name := PolicyName(ratelimit.Limit{Name: slotName(*cfg.slots)})
-		for _, l := range append([]ratelimit.Limit{limit}, cfg.extra...) {
+		for _, l := range append(append([]ratelimit.Limit{limit}, cfg.extra...), perLimits...) {
 			if PolicyName(l) == name {
 				cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: WithConcurrency's limit and the plan's %v are both named %s: the metadata could not tell them apart", l, name))
 			}
@@ -461,23 +544,31 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 		}
 	}
 	pl, apart, results, err := in.planFor(ctx, fullMethod)
-	var id string
-	var limits []ratelimit.Limit
+	var parts []part
 	cost := int64(1)
 	if err == nil {
-		id = c.identity(ctx, fullMethod)
+		prefix := ""
 		if apart {
-			id = fullMethod + "|" + id
+			prefix = fullMethod + "|"
 		}
 		if c.cost != nil {
 			cost = c.cost(ctx, fullMethod)
 		}
-		limits = pl.Limits()
-		results, err = in.limiter.AllowAll(ctx, id, limits, cost)
+		parts = []part{{id: prefix + c.identity(ctx, fullMethod), limits: pl.Limits()}}
+		if len(c.per) > 0 {
+			pl, parts, results, err = in.withPer(ctx, fullMethod, prefix, pl, parts)
+		}
+	}
+	switch {
+	case err != nil:
+	case len(parts) == 1:
+		results, err = in.limiter.AllowAll(ctx, parts[0].id, parts[0].limits, cost)
+	default:
+		results, err = in.limiter.AllowMany(ctx, quotas(parts, cost))
 	}
 	d := &decided{results: results, binding: ratelimit.Binding(results), cost: cost}
 	if err == nil {
-		d.limiter, d.id, d.limits = in.limiter, id, limits
+		d.limiter, d.parts = in.limiter, parts
 	}
 	ctx = context.WithValue(ctx, decidedKey{}, d)
 	if err != nil {

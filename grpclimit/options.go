@@ -56,7 +56,16 @@ type config struct {
 	denied   func(ctx context.Context, fullMethod string) error
 	onError  func(ctx context.Context, fullMethod string, err error) error
 	slots    *ratelimit.Concurrency // WithConcurrency
+	per      []perIdentity          // WithLimitsPer, in order
 	errs     []error                // what the options found wrong; NewUnary reports them
+}
+
+// perIdentity is one WithLimitsPer: limits counted under a further
+// identity of each call.
+type perIdentity struct {
+	name string
+	key  KeyFunc
+	plan *httplimit.Plan // its limits, each named for the metadata, Leased dropped
 }
 
 // WithCountIf counts a call only if fn, given the status code its handler
@@ -122,6 +131,73 @@ func WithKeyFunc(fn func(ctx context.Context, fullMethod string) string) Option 
 func WithLimits(limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) { c.extra = limits })
+}
+
+// WithLimitsPer holds every call to limits counted under a further
+// identity besides the plan's own (WithKeys'), as httplimit.WithLimitsPer
+// holds requests: the id key gives it, or with ClientAddress the client's
+// address as the interceptor computes it (WithTrustedMetadata, IPv6
+// prefix), counted as "<name>|<id>" (after "<method>|" for a method of
+// WithMethodLimits). The API key and the address at once:
+//
+//	grpclimit.NewUnary(limiter, ratelimit.Limit{Name: "per-key", Rate: 5000, Window: time.Hour},
+//		grpclimit.WithKeys(apiKey),
+//		grpclimit.WithLimitsPer("per-ip", grpclimit.ClientAddress, ratelimit.PerMinute(100)))
+//
+// The plan's limits and every identity's are decided in one call of the
+// Limiter's AllowMany, all or nothing: a call that any of them denies is
+// counted under none. A call for which key returns "" has no such identity,
+// and its limits are left out of its decision. In a decision of several
+// identities no limit is Leased. Each of limits with no Name is named name,
+// or with several limits name and its derived name ("per-ip-100-per-60s");
+// ratelimit-policy and ratelimit list every enforced limit, the plan's
+// first, then each identity's in the order of the options, the other
+// metadata and the RetryInfo follow the binding one, FromContextAll returns
+// every Result in that order; WithCountIf's refunds, Charge,
+// WithConcurrency (a slot of the plan's identity), shadow limits and the
+// failure policy treat the decision as one. name must be unique among
+// WithLimitsPer's, key not nil, limits a valid plan (see WithLimits), and
+// every name in the metadata distinct: NewUnary and NewStream report what
+// is not.
+func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
+	limits = append([]ratelimit.Limit(nil), limits...)
+	return optionFunc(func(c *config) {
+		where := fmt.Sprintf("grpclimit: WithLimitsPer(%q)", name)
+		switch {
+		case name == "":
+			c.errs = append(c.errs, errors.New("grpclimit: WithLimitsPer: the identity has no name"))
+			return
+		case key == nil:
+			c.errs = append(c.errs, fmt.Errorf("%s: the KeyFunc is nil (ClientAddress for the client's address)", where))
+			return
+		case strings.Contains(name, "|"):
+			c.errs = append(c.errs, fmt.Errorf("%s: the name holds '|', which ends it in the ids counted", where))
+			return
+		}
+		for _, p := range c.per {
+			if p.name == name {
+				c.errs = append(c.errs, fmt.Errorf("%s given twice", where))
+				return
+			}
+		}
+		for i := range limits {
+			limits[i].Leased = false
+			if limits[i].Name != "" || limits[i] == (ratelimit.Limit{}) {
+				continue
+			}
+			derived := strings.Trim(PolicyName(limits[i]), `"`) // a derived name needs no escape
+			limits[i].Name = name
+			if len(limits) > 1 {
+				limits[i].Name += "-" + derived
+			}
+		}
+		pl, err := httplimit.NewPlan(limits...)
+		if err != nil {
+			c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))
+			return
+		}
+		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})
+	})
 }
 
 // WithPlanFunc chooses the limits each call is decided against, for plans

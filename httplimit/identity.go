@@ -114,7 +114,7 @@ func (c *config) perIDs(r *http.Request) []string {
 	ids := make([]string, len(c.per))
 	for i, p := range c.per {
 		if id := p.key(r); id != "" {
-			ids[i] = route + routeEscaper.Replace(p.name) + "|" + id
+			ids[i] = route + p.name + "|" + id
 		}
 	}
 	return ids

@@ -152,11 +152,11 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 		cfg.errs = append(cfg.errs, err)
 	}
 	if static != nil && len(cfg.per) > 0 {
-		parts := []part{{limits: static.limits}}
+		var plans []*Plan
 		for _, p := range cfg.per {
-			parts = append(parts, part{limits: p.limits})
+			plans = append(plans, p.plan)
 		}
-		if _, err := joined(parts); err != nil {
+		if _, err := static.Join(plans...); err != nil {
 			cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: New with WithLimitsPer: %w", err))
 		}
 	}
@@ -164,7 +164,7 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 		name, _ := slotPolicy(*cfg.slots)
 		all := append([]ratelimit.Limit{limit}, cfg.extra...)
 		for _, p := range cfg.per {
-			all = append(all, p.limits...)
+			all = append(all, p.plan.limits...)
 		}
 		for _, limit := range all {
 			if PolicyName(limit) == name {
@@ -294,10 +294,12 @@ type middleware struct {
 // error, returned with what planFor returns for a plan it refuses.
 func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []part, []ratelimit.Result, error) {
 	var set uint64
+	var plans []*Plan
 	for i, id := range m.cfg.perIDs(r) {
 		if id != "" {
 			set |= 1 << i
-			parts = append(parts, part{id: id, limits: m.cfg.per[i].limits})
+			parts = append(parts, part{id: id, limits: m.cfg.per[i].plan.limits})
+			plans = append(plans, m.cfg.per[i].plan)
 		}
 	}
 	if set == 0 {
@@ -308,7 +310,7 @@ func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []
 			return all.(*Plan), parts, nil, nil
 		}
 	}
-	all, err := joined(parts)
+	all, err := pl.Join(plans...)
 	if err != nil {
 		var results []ratelimit.Result
 		for _, p := range parts {
@@ -322,26 +324,6 @@ func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []
 		m.withPerStatic.Store(set, all)
 	}
 	return all, parts, nil, nil
-}
-
-// joined returns the plan of every limit of parts, in order, for the
-// headers: checked for names the headers could not tell apart, each
-// part's limits being a plan of its own already.
-func joined(parts []part) (*Plan, error) {
-	var limits []ratelimit.Limit
-	for _, p := range parts {
-		limits = append(limits, p.limits...)
-	}
-	pl := newPlan(limits)
-	for i, name := range pl.names {
-		for j, other := range pl.names[:i] {
-			if other == name {
-				return nil, fmt.Errorf("%w: two limits are named %s (%v and %v); the rate-limit headers could not tell them apart",
-					ratelimit.ErrInvalidLimit, name, pl.limits[j], pl.limits[i])
-			}
-		}
-	}
-	return pl, nil
 }
 
 // quotas returns the quotas of a decision of parts at cost, for AllowMany,

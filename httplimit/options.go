@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/slidingwindow/ratelimit"
 )
@@ -71,9 +72,9 @@ type config struct {
 // perIdentity is one WithLimitsPer: limits counted under a further
 // identity of each request.
 type perIdentity struct {
-	name   string
-	key    KeyFunc
-	limits []ratelimit.Limit // each named for the headers, Leased dropped
+	name string
+	key  KeyFunc
+	plan *Plan // its limits, each named for the headers, Leased dropped
 }
 
 // WithKeys sets how requests are told apart: each KeyFunc is tried in turn
@@ -250,6 +251,9 @@ func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 		case key == nil:
 			c.errs = append(c.errs, fmt.Errorf("%s: the KeyFunc is nil (ClientAddress for the client's address)", where))
 			return
+		case strings.Contains(name, "|"):
+			c.errs = append(c.errs, fmt.Errorf("%s: the name holds '|', which ends it in the ids counted", where))
+			return
 		}
 		for _, p := range c.per {
 			if p.name == name {
@@ -267,11 +271,12 @@ func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 				limits[i].Name += "-" + derivedName(limits[i])
 			}
 		}
-		if _, err := NewPlan(limits...); err != nil {
+		pl, err := NewPlan(limits...)
+		if err != nil {
 			c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))
 			return
 		}
-		c.per = append(c.per, perIdentity{name: name, key: key, limits: limits})
+		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})
 	})
 }
 

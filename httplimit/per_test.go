@@ -189,3 +189,15 @@ func TestLimitsPerAgainstStacked(t *testing.T) {
 		require.Equal(t, int64(servedOne[key]), one.count(t, httplimit.HashedKey(key), perKey))
 	}
 }
+
+// An identity's unnamed limits are named after it: "per-ip", or with
+// several "per-ip-3-per-60s", as grpclimit names them.
+func TestLimitsPerNames(t *testing.T) {
+	e := newEnv(t)
+	served := 0
+	h := e.handler(&served, ratelimit.PerSecond(10),
+		httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, ratelimit.PerMinute(3), ratelimit.PerHour(50)))
+	w := serve(h, request("192.0.2.1:1234"))
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Equal(t, `"10-per-1s";q=10;w=1, "per-ip-3-per-60s";q=3;w=60, "per-ip-50-per-3600s";q=50;w=3600`, headersOf(t, w)[httplimit.HeaderPolicy])
+}

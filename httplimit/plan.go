@@ -92,6 +92,32 @@ func (pl *Plan) Limits() []ratelimit.Limit {
 	return append([]ratelimit.Limit(nil), pl.limits...)
 }
 
+// Join returns the plan of pl's limits followed by those of each of more,
+// for the headers of a decision counted under several identities, each
+// with its plan (WithLimitsPer; grpclimit's too): RateLimit-Policy and
+// RateLimit list them all, in that order, for the Results of all of them
+// in that order. Limits of different plans may share a window, as they
+// count under different ids, so the joined plan is for headers only, not
+// for one AllowAll. Its names must be distinct, or the headers could not
+// tell them apart: the error says which, and wraps
+// ratelimit.ErrInvalidLimit.
+func (pl *Plan) Join(more ...*Plan) (*Plan, error) {
+	limits := append([]ratelimit.Limit(nil), pl.limits...)
+	for _, p := range more {
+		limits = append(limits, p.limits...)
+	}
+	all := newPlan(limits)
+	for i, name := range all.names {
+		for j, other := range all.names[:i] {
+			if other == name {
+				return nil, fmt.Errorf("%w: two limits are named %s (%v and %v); the rate-limit headers could not tell them apart",
+					ratelimit.ErrInvalidLimit, name, all.limits[j], all.limits[i])
+			}
+		}
+	}
+	return all, nil
+}
+
 // Shown reports whether the rate-limit headers describe a decision against
 // the plan whose Results are results (one per limit, in order, as
 // AllowAll returns them). They describe its enforced limits (those not
