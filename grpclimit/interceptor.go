@@ -276,6 +276,7 @@ type decided struct {
 	// limits, whose Results are results in the same order: the plan's
 	// identity first, then WithLimitsPer's that the call has.
 	parts   []part
+	one     [1]part // parts of a decision of one identity: no allocation of its own
 	results []ratelimit.Result
 	binding ratelimit.Result
 	cost    int64
@@ -544,6 +545,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 		}
 	}
 	pl, apart, results, err := in.planFor(ctx, fullMethod)
+	d := &decided{}
 	var parts []part
 	cost := int64(1)
 	if err == nil {
@@ -554,7 +556,8 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 		if c.cost != nil {
 			cost = c.cost(ctx, fullMethod)
 		}
-		parts = []part{{id: prefix + c.identity(ctx, fullMethod), limits: pl.Limits()}}
+		parts = d.one[:]
+		parts[0] = part{id: prefix + c.identity(ctx, fullMethod), limits: pl.Limits()}
 		if len(c.per) > 0 {
 			pl, parts, results, err = in.withPer(ctx, fullMethod, prefix, pl, parts)
 		}
@@ -566,7 +569,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	default:
 		results, err = in.limiter.AllowMany(ctx, quotas(parts, cost))
 	}
-	d := &decided{results: results, binding: ratelimit.Binding(results), cost: cost}
+	d.results, d.binding, d.cost = results, ratelimit.Binding(results), cost
 	if err == nil {
 		d.limiter, d.parts = in.limiter, parts
 	}

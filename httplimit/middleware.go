@@ -200,6 +200,7 @@ type decided struct {
 	// limits, whose Results are results in the same order: the plan's
 	// identity first, then WithLimitsPer's that the request has.
 	parts []part
+	one   [1]part // parts of a decision of one identity: no allocation of its own
 }
 
 // part is one identity of a decision and the limits counted under it.
@@ -356,13 +357,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	pl, results, err := m.planFor(r)
+	d := &decided{}
 	var parts []part
 	cost := int64(1)
 	if err == nil {
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		parts = []part{{id: c.identity(r), limits: pl.limits}}
+		parts = d.one[:]
+		parts[0] = part{id: c.identity(r), limits: pl.limits}
 		if len(c.per) > 0 {
 			pl, parts, results, err = m.withPer(r, pl, parts)
 		}
@@ -374,7 +377,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	default:
 		results, err = m.limiter.AllowMany(r.Context(), quotas(parts, cost))
 	}
-	d := &decided{results: results, binding: ratelimit.Binding(results)}
+	d.results, d.binding = results, ratelimit.Binding(results)
 	if err == nil {
 		d.limiter, d.parts = m.limiter, parts
 	}
