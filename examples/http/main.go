@@ -2,7 +2,9 @@
 // client is held to two limits at once, decided in one script call: a
 // "burst" of 5 requests a second and an "hourly" quota of 100, counted by
 // client address; paying clients, counted by API key, get 50 a second and
-// 10000 an hour. The free plan also tries a third limit, 30 a minute, in
+// 10000 an hour. Every address, whatever key it sends, is also held to 20
+// requests a second ("per-ip", WithLimitsPer), decided with the plan in the
+// same call. The free plan also tries a third limit, 30 a minute, in
 // shadow mode: it is counted and logged when it would have denied, but it
 // never denies and no header mentions it. The counts live in an embedded
 // in-process Redis (miniredis), or a real one when REDIS_ADDR is set:
@@ -81,6 +83,8 @@ func main() {
 				res.Limit.Name, r.Method, r.URL.Path, res.Count, res.Limit.Rate)
 		}),
 		httplimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		// Every address as well, paid keys included: one decision with the plan's.
+		httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, ratelimit.Limit{Rate: 20, Window: time.Second}),
 	}
 	if *trusted != "" {
 		proxies, err := parsePrefixes(*trusted)
@@ -106,7 +110,7 @@ func main() {
 	base := "http://" + hostPort(ln.Addr())
 	fmt.Printf("Listening on %s, counting in %s. Try:\n\n", base, where)
 	fmt.Printf("  curl -i %s/hello                                  # free: 5 a second and 100 an hour per address\n", base)
-	fmt.Printf("  curl -i -H 'X-API-Key: demo-paid-key' %s/hello    # paid: 50 a second and 10000 an hour per key\n", base)
+	fmt.Printf("  curl -i -H 'X-API-Key: demo-paid-key' %s/hello    # paid: 50 a second and 10000 an hour per key, 20 a second per address\n", base)
 	fmt.Printf("  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code} ' %s/hello; done\n\n", base)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
