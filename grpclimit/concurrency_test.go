@@ -63,13 +63,18 @@ var slowService = grpc.ServiceDesc{
 // slowEnv serves the slow service behind the interceptors with opts, on
 // miniredis (its clock is real time: a lease ends as time passes).
 func slowEnv(t *testing.T, opts ...grpclimit.Option) (*grpc.ClientConn, *slow, *ratelimit.Limiter) {
+	return slowEnvOf(t, ratelimit.PerMinute(100), opts...)
+}
+
+// slowEnvOf is slowEnv with limit for the interceptors' own.
+func slowEnvOf(t *testing.T, limit ratelimit.Limit, opts ...grpclimit.Option) (*grpc.ClientConn, *slow, *ratelimit.Limiter) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	l := ratelimit.New(rdb, ratelimit.WithTimeout(time.Minute))
-	unary, err := grpclimit.NewUnary(l, ratelimit.PerMinute(100), opts...)
+	unary, err := grpclimit.NewUnary(l, limit, opts...)
 	require.NoError(t, err)
-	stream, err := grpclimit.NewStream(l, ratelimit.PerMinute(100), opts...)
+	stream, err := grpclimit.NewStream(l, limit, opts...)
 	require.NoError(t, err)
 	s := &slow{entered: make(chan struct{}), leave: make(chan struct{})}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
@@ -161,4 +166,26 @@ func TestWithConcurrencyNameCollision(t *testing.T) {
 	_, err := grpclimit.NewUnary(ratelimit.New(nil), ratelimit.Limit{Rate: 10, Window: time.Second, Name: "exports"},
 		grpclimit.WithConcurrency(ratelimit.Concurrency{Max: 2, Lease: time.Second, Name: "exports"}))
 	require.ErrorContains(t, err, "both named")
+}
+
+// WithConcurrency alone, with the zero Limit, as httplimit's: calls hold
+// slots and are decided by no rate plan.
+func TestWithConcurrencyAlone(t *testing.T) {
+	c := ratelimit.Concurrency{Max: 1, Lease: time.Minute, Name: "exports"}
+	conn, s, l := slowEnvOf(t, ratelimit.Limit{}, grpclimit.WithConcurrency(c))
+	done := make(chan outcome, 1)
+	go func() { done <- hold(t.Context(), conn) }()
+	<-s.entered
+	o := hold(t.Context(), conn)
+	require.Equal(t, codes.ResourceExhausted, o.code, o.msg)
+	require.Equal(t, []string{`"exports";q=1;qu="concurrent-requests"`}, o.header.Get(grpclimit.HeaderPolicy), "no rate policy")
+	close(s.leave)
+	require.Equal(t, codes.OK, (<-done).code)
+	res, err := l.Peek(t.Context(), "ip:203.0.113.9", ratelimit.PerMinute(100))
+	require.NoError(t, err)
+	require.Zero(t, res.Count, "no rate counted")
+	for _, opts := range [][]grpclimit.Option{nil, {grpclimit.WithConcurrency(c), grpclimit.WithLimits(ratelimit.PerMinute(5))}} {
+		_, err := grpclimit.NewUnary(l, ratelimit.Limit{}, opts...)
+		require.ErrorContains(t, err, "zero Limit")
+	}
 }

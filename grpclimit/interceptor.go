@@ -155,7 +155,10 @@ func StreamServerInterceptor(l *ratelimit.Limiter, limit ratelimit.Limit, opts .
 // NewUnary is UnaryServerInterceptor that reports a configuration error
 // instead of answering codes.Internal: a nil l, an invalid limit (see
 // ratelimit.ValidateLimits), or an option given invalid values; the error
-// names each problem.
+// names each problem. With WithConcurrency and the zero Limit (and neither
+// WithLimits, WithPlanFunc, WithMethodLimits nor WithLimitsPer), calls are
+// held to the concurrency limit alone, with no rate plan, as
+// httplimit.New's requests are; otherwise the zero Limit is an error.
 func NewUnary(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	in, err := newInterceptor("NewUnary", l, limit, opts)
 	if err != nil {
@@ -353,7 +356,7 @@ type decidedKey struct{}
 // httplimit.FromContext is the one its headers describe.
 func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 	d, ok := ctx.Value(decidedKey{}).(*decided)
-	if !ok {
+	if !ok || len(d.results) == 0 { // WithConcurrency alone decides no rate
 		return ratelimit.Result{}, false
 	}
 	return d.binding, true
@@ -366,7 +369,7 @@ func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 // caller's own.
 func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 	d, ok := ctx.Value(decidedKey{}).(*decided)
-	if !ok {
+	if !ok || len(d.results) == 0 {
 		return nil, false
 	}
 	return append([]ratelimit.Result(nil), d.results...), true
@@ -389,7 +392,7 @@ func (s *decidedStream) Context() context.Context { return s.ctx }
 // policy decided) has nothing to refund, and Refund says so: no failure to
 // report.
 func (in *interceptor) settle(ctx context.Context, fullMethod string, d *decided, code codes.Code) {
-	if in.cfg.countIf == nil || in.cfg.countIf(ctx, fullMethod, code) {
+	if in.cfg.countIf == nil || len(d.results) == 0 || in.cfg.countIf(ctx, fullMethod, code) {
 		return
 	}
 	d.refund(ctx)
@@ -492,9 +495,12 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("grpclimit: the Limiter is nil"))
 	}
-	base, err := defaultPlan(fn, limit, cfg.extra)
-	if err != nil {
-		cfg.errs = append(cfg.errs, err)
+	var base *httplimit.Plan
+	if limit != (ratelimit.Limit{}) || cfg.slots == nil || len(cfg.extra) > 0 || cfg.plan != nil || len(cfg.per) > 0 || len(cfg.methods) > 0 {
+		var err error
+		if base, err = defaultPlan(fn, limit, cfg.extra); err != nil {
+			cfg.errs = append(cfg.errs, err)
+		}
 	}
 	var perPlans []*httplimit.Plan
 	perLimits := []ratelimit.Limit{}
@@ -544,8 +550,14 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 			}
 		}
 	}
-	pl, apart, results, err := in.planFor(ctx, fullMethod)
 	d := &decided{}
+	if in.base == nil { // WithConcurrency alone: a slot, no rate plan
+		d.parts = d.one[:]
+		d.parts[0] = part{id: c.identity(ctx, fullMethod)}
+		d.limiter = in.limiter
+		return context.WithValue(ctx, decidedKey{}, d), nil, d, nil
+	}
+	pl, apart, results, err := in.planFor(ctx, fullMethod)
 	var parts []part
 	cost := int64(1)
 	if err == nil {

@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,4 +89,50 @@ func TestWithConcurrencyNameCollision(t *testing.T) {
 	_, err := httplimit.New(e.limiter, ratelimit.Limit{Rate: 10, Window: time.Second, Name: "exports"},
 		httplimit.WithConcurrency(ratelimit.Concurrency{Max: 2, Lease: time.Second, Name: "exports"}))
 	require.ErrorContains(t, err, "both named")
+}
+
+// WithConcurrency alone, with the zero Limit: requests hold slots and are
+// decided by no rate plan; no rate header, no Result in the context.
+func TestConcurrencyAlone(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	var fromCtx []bool
+	var mu sync.Mutex
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, ok := httplimit.FromContext(r.Context())
+		mu.Lock()
+		fromCtx = append(fromCtx, ok)
+		mu.Unlock()
+		started <- struct{}{}
+		<-release
+	})
+	mw, err := httplimit.New(e.limiter, ratelimit.Limit{}, httplimit.WithConcurrency(ratelimit.Concurrency{Name: "exports", Max: 2, Lease: time.Minute}))
+	require.NoError(t, err)
+	h := mw(next)
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range codes {
+		wg.Go(func() { codes[i] = serve(h, request("192.0.2.1:1234")).Code })
+	}
+	<-started
+	<-started
+	w := serve(h, request("192.0.2.1:1234")) // a third at once: full
+	close(release)
+	wg.Wait()
+	require.Equal(t, []int{200, 200}, codes)
+	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	hs := headersOf(t, w)
+	require.Equal(t, `"exports";q=2;qu="concurrent-requests"`, hs[httplimit.HeaderPolicy])
+	require.Equal(t, "2", hs[httplimit.HeaderLimit])
+	require.Equal(t, []bool{false, false}, fromCtx, "no rate decision to return")
+	require.Equal(t, http.StatusOK, serve(h, request("192.0.2.1:1234")).Code, "the slots came back")
+
+	for _, opts := range [][]httplimit.Option{
+		nil, // no concurrency limit: the zero Limit is none
+		{httplimit.WithConcurrency(ratelimit.Concurrency{Max: 2, Lease: time.Minute}), httplimit.WithLimits(ratelimit.PerMinute(5))},
+	} {
+		_, err := httplimit.New(e.limiter, ratelimit.Limit{}, opts...)
+		require.ErrorContains(t, err, "zero Limit")
+	}
 }

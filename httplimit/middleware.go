@@ -131,7 +131,14 @@ func Middleware(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) fun
 }
 
 // New is Middleware that reports a configuration error instead of serving
-// 500: a nil l, an invalid limit (see ratelimit.Limit.Validate), a default
+// 500. With WithConcurrency and the zero Limit (and neither WithLimits,
+// WithPlanFunc nor WithLimitsPer), it holds requests to the concurrency
+// limit alone, with no rate plan:
+//
+//	httplimit.New(limiter, ratelimit.Limit{}, httplimit.WithConcurrency(exports))
+//
+// Otherwise the zero Limit is an error, as any limit that is none. The
+// errors: a nil l, an invalid limit (see ratelimit.Limit.Validate), a default
 // plan (limit and WithLimits') that ratelimit.ValidateLimits rejects or
 // that holds two limits of one name, or an option given invalid values; the
 // error names each problem, and the argument at fault: the limit given to
@@ -147,9 +154,12 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 	if l == nil {
 		cfg.errs = append(cfg.errs, errors.New("httplimit: the Limiter is nil"))
 	}
-	static, err := defaultPlan(limit, cfg.extra)
-	if err != nil {
-		cfg.errs = append(cfg.errs, err)
+	var static *Plan
+	if limit != (ratelimit.Limit{}) || cfg.slots == nil || len(cfg.extra) > 0 || cfg.plan != nil || len(cfg.per) > 0 {
+		var err error
+		if static, err = defaultPlan(limit, cfg.extra); err != nil {
+			cfg.errs = append(cfg.errs, err)
+		}
 	}
 	if static != nil && len(cfg.per) > 0 {
 		var plans []*Plan
@@ -258,7 +268,7 @@ type resultKey struct{}
 // describe.
 func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(*decided)
-	if !ok {
+	if !ok || len(d.results) == 0 { // WithConcurrency alone decides no rate
 		return ratelimit.Result{}, false
 	}
 	return d.binding, true
@@ -272,7 +282,7 @@ func FromContext(ctx context.Context) (ratelimit.Result, bool) {
 // slice is the caller's own.
 func FromContextAll(ctx context.Context) ([]ratelimit.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(*decided)
-	if !ok {
+	if !ok || len(d.results) == 0 {
 		return nil, false
 	}
 	return append([]ratelimit.Result(nil), d.results...), true
@@ -356,15 +366,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 		}
 	}
-	pl, results, err := m.planFor(r)
 	d := &decided{}
-	var parts []part
+	parts := d.one[:]
+	if m.static == nil { // WithConcurrency alone: a slot, no rate plan
+		parts[0] = part{id: c.identity(r)}
+		d.limiter, d.parts = m.limiter, parts
+		r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
+		m.hold(w, r, next, d, 0)
+		return
+	}
+	pl, results, err := m.planFor(r)
 	cost := int64(1)
 	if err == nil {
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		parts = d.one[:]
 		parts[0] = part{id: c.identity(r), limits: pl.limits}
 		if len(c.per) > 0 {
 			pl, parts, results, err = m.withPer(r, pl, parts)
@@ -397,8 +413,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		c.denied.ServeHTTP(w, r)
 		return
 	}
+	m.hold(w, r, next, d, cost)
+}
+
+// hold serves r, which d allowed (or which has no rate plan), once it holds
+// a slot of WithConcurrency's limit, if given, and settles WithCountIf
+// when the handler returns.
+func (m *middleware) hold(w http.ResponseWriter, r *http.Request, next http.Handler, d *decided, cost int64) {
+	c := &m.cfg
 	if c.slots != nil {
-		slot, err := m.limiter.Acquire(r.Context(), parts[0].id, *c.slots)
+		slot, err := m.limiter.Acquire(r.Context(), d.parts[0].id, *c.slots)
 		if err != nil || !slot.Acquired {
 			// counted by neither: the plan gives back what it counted
 			d.refund(r.Context(), cost)
@@ -415,7 +439,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// returns, whether or not the client still waits.
 		defer slot.Keep(r.Context())()
 	}
-	if c.countIf == nil {
+	if c.countIf == nil || len(d.results) == 0 {
 		next.ServeHTTP(w, r)
 		return
 	}

@@ -421,7 +421,8 @@ func WithErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)
 //	RateLimit: "burst";r=9;t=1, "exports";r=0;t=30
 //
 // A request that holds a slot carries the item too, with what remains and
-// no t. Under the failure policies a slot is as Acquire decides it.
+// no t. Under the failure policies a slot is as Acquire decides it. For a
+// concurrency limit with no rate plan, give New the zero Limit.
 func WithConcurrency(c ratelimit.Concurrency) Option {
 	return optionFunc(func(cfg *config) {
 		if err := c.Validate(); err != nil {
