@@ -98,7 +98,7 @@ func (d *decision) deriveCharge() {
 		count := s.pos.estimate(&c)
 		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
 			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
-			receipt: newReceipt(d.limits[s.at], s.pos, d.cost)}
+			receipt: newReceipt(d.limits[s.at], s.pos, d.cost, s.pos.waitUntil(&c, count-1))}
 		if count+1 > s.rate {
 			d.refused |= 1 << s.at
 			if s.shadow {

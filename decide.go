@@ -575,7 +575,7 @@ func (d *decision) derive() {
 		res := s.result(d.limits[s.at], want, counted, added)
 		if counted {
 			// all of n, leased or not
-			res.receipt = newReceipt(res.Limit, s.pos, n)
+			res.receipt = newReceipt(res.Limit, s.pos, n, res.receipt.refill)
 		}
 		fits := counted || s.pos.estimate(&s.seen)+want <= s.rate
 		if !fits {
@@ -626,6 +626,7 @@ func (s *span) result(limit Limit, n int64, counted bool, added int64) Result {
 	if counted {
 		c[0] += n
 		r.Count += n
+		r.receipt.refill = s.pos.waitUntil(&c, r.Count-1) // the receipt's, which the caller completes
 	} else {
 		r.RetryAfter = s.pos.waitUntil(&c, s.rate-n)
 	}

@@ -98,12 +98,29 @@ type receipt struct {
 	strict          bool
 	cal             Period
 	loc             *time.Location
+	// refill is RefillAfter's: the wait, as of the decision, until the
+	// count would fall below what it is after it.
+	refill time.Duration
 }
 
-// newReceipt returns the receipt of n counted by limit at p.
-func newReceipt(limit Limit, p position, n int64) receipt {
-	return receipt{window: p.i, counted: n, ms: limit.Window.Milliseconds(), strict: limit.Strict, cal: limit.Calendar, loc: limit.Location}
+// newReceipt returns the receipt of n counted by limit at p, whose count
+// would fall after refill.
+func newReceipt(limit Limit, p position, n int64, refill time.Duration) receipt {
+	return receipt{window: p.i, counted: n, ms: limit.Window.Milliseconds(), strict: limit.Strict, cal: limit.Calendar, loc: limit.Location, refill: refill}
 }
+
+// RefillAfter returns, for a Result whose limit counted the request, the
+// shortest wait after which Count would fall, so that Remaining grows, if
+// no other traffic came, exact to the millisecond: for a sliding window
+// when the previous window's weight drops by one request, or, when it
+// weighs nothing, as the current window's requests begin to fade; for a
+// strict limit when its oldest counted sub-window leaves the Window; for a
+// Calendar limit when the period ends (ResetAfter). Until then Remaining
+// is all the client may use, and it is never longer than ResetAfter.
+// httplimit's RateLimit t on an allowed response is it, in seconds. It is
+// 0 for a Result that counted nothing (a denial, a Peek, a Degraded
+// decision), which carries nothing unexported.
+func (r Result) RefillAfter() time.Duration { return r.receipt.refill }
 
 // of reports whether the receipt was counted in limit's count.
 func (r *receipt) of(limit Limit) bool {

@@ -297,7 +297,7 @@ func (d *decision) deriveMany() {
 		counted := ok && q.Cost > 0
 		res := s.result(q.Limit, q.Cost, counted, 0)
 		if counted {
-			res.receipt = newReceipt(q.Limit, s.pos, q.Cost)
+			res.receipt = newReceipt(q.Limit, s.pos, q.Cost, res.receipt.refill)
 			res.receipt.id = idHash(q.ID)
 		}
 		if !counted && s.pos.estimate(&s.seen)+q.Cost > s.rate {

@@ -191,9 +191,10 @@ func TestMethodLimits(t *testing.T) {
 		"ratelimit-remaining": {"0"},
 		"ratelimit-reset":     {"2"},
 		"ratelimit-policy":    {`"2-per-1s";q=2;w=1`, `"a-minute";q=3;w=60`},
-		// 2 calls at the start of a minute are gone once floor(2 × (60 - e) / 60)
-		// is 0 in the next minute, at e = 30.001s: 90.001s, 91 whole seconds.
-		"ratelimit": {`"2-per-1s";r=0;t=2`, `"a-minute";r=1;t=91`},
+		// 2 calls at the start of a minute weigh 1 once floor(2 × (60 - e) / 60)
+		// is 1 in the next minute, at e = 0.001s: 60.001s, 61 whole seconds,
+		// when r grows (t; they are all gone only at 90.001s).
+		"ratelimit": {`"2-per-1s";r=0;t=2`, `"a-minute";r=1;t=61`},
 	}, rateHeaders(o.header))
 
 	o = call(t, conn, "A")

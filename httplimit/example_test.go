@@ -58,7 +58,7 @@ func ExampleMiddleware() {
 	}
 	// Output:
 	// 200 "free";r=1;t=31
-	// 200 "free";r=0;t=61
+	// 200 "free";r=0;t=31
 	// 429 "free";r=0;t=31
 	// 200 "paid";r=99;t=31
 }
@@ -97,7 +97,7 @@ func ExampleWithLimits() {
 	fmt.Println("RateLimit-Policy:", w.Header().Get("RateLimit-Policy"))
 	// Output:
 	// 200 "burst";r=1;t=1, "hourly";r=99;t=1800
-	// 200 "burst";r=0;t=2, "hourly";r=98;t=3600
+	// 200 "burst";r=0;t=1, "hourly";r=98;t=1800
 	// 429 "burst";r=0;t=1, "hourly";r=98;t=3600
 	// Retry-After: 1
 	// RateLimit-Policy: "burst";q=2;w=1, "hourly";q=100;w=3600

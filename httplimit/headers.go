@@ -31,9 +31,12 @@ const (
 	// decision fell in (see Plan.PoliciesAt), and its t in HeaderRateLimit
 	// the seconds to that period's end.
 	HeaderPolicy = "Ratelimit-Policy"
-	// HeaderRateLimit is `"<name>";r=<remaining>;t=<as HeaderReset>` for
-	// each enforced limit, separated by ", ", with t for that limit's own
-	// count or wait, and no t at all on a 429 that can never pass.
+	// HeaderRateLimit is `"<name>";r=<remaining>;t=<seconds>` for each
+	// enforced limit, separated by ", ": on a 429, t is HeaderReset's for
+	// that limit's own count or wait, and there is none on a 429 that can
+	// never pass; on an allowed response, the seconds until r next grows
+	// (ratelimit.Result.RefillAfter), so that a client spending r within t
+	// is never told to wait longer than it must (see Plan.RateLimits).
 	HeaderRateLimit = "Ratelimit"
 	// HeaderRetryAfter is sent on a 429 that a retry can pass: the seconds
 	// of HeaderReset, at least 1.
@@ -58,8 +61,9 @@ func PolicyName(limit ratelimit.Limit) string {
 }
 
 // ResetSeconds returns the seconds the headers name as res's reset:
-// X-RateLimit-Reset and RateLimit's t, and Retry-After on a denial. They are
-// whole seconds, rounded up. On a denial that a retry can pass it is the
+// X-RateLimit-Reset, Retry-After on a denial, and RateLimit's t but on an
+// allowed response (see Plan.RateLimits). They are whole seconds, rounded
+// up. On a denial that a retry can pass it is the
 // wait until it would, at least 1: the IETF draft asks that t and
 // Retry-After name the same moment, and a client told to wait until the
 // window drains (up to two windows, in a sliding window) would wait longer

@@ -115,7 +115,10 @@ func problemOf(t *testing.T, w *httptest.ResponseRecorder) httplimit.Problem {
 // at most k again once the next window has m ms left with floor(c×m/60000)
 // <= k, that is m <= floor(((k+1)×60000-1)/c): after a wait of
 // 30000 + 60000 - m ms. Reset is that wait for k=0, rounded up to seconds;
-// Retry-After and t on the denial are it for k=2.
+// Retry-After and t on the denial are it for k=2. t on an allowed response
+// is the wait until the count falls by one (Result.RefillAfter): with none
+// in the window before, c requests weigh c-1 a ms into the next window,
+// 30001 ms on, so 31 s.
 func TestHeadersAtTheLimit(t *testing.T) {
 	e := newEnv(t)
 	e.clock.Set(epoch.Add(30 * time.Second))
@@ -130,13 +133,13 @@ func TestHeadersAtTheLimit(t *testing.T) {
 			"X-Ratelimit-Limit": "3", "X-Ratelimit-Remaining": "2", "X-Ratelimit-Reset": "31",
 			"Ratelimit-Policy": policy, "Ratelimit": `"3-per-60s";r=2;t=31`,
 		}},
-		{200, map[string]string{ // count 2: m <= 29999, 60001ms
+		{200, map[string]string{ // count 2: m <= 29999, 60001ms; 1 at 30001ms
 			"X-Ratelimit-Limit": "3", "X-Ratelimit-Remaining": "1", "X-Ratelimit-Reset": "61",
-			"Ratelimit-Policy": policy, "Ratelimit": `"3-per-60s";r=1;t=61`,
+			"Ratelimit-Policy": policy, "Ratelimit": `"3-per-60s";r=1;t=31`,
 		}},
-		{200, map[string]string{ // count 3: m <= 19999, 70001ms
+		{200, map[string]string{ // count 3: m <= 19999, 70001ms; 2 at 30001ms
 			"X-Ratelimit-Limit": "3", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "71",
-			"Ratelimit-Policy": policy, "Ratelimit": `"3-per-60s";r=0;t=71`,
+			"Ratelimit-Policy": policy, "Ratelimit": `"3-per-60s";r=0;t=31`,
 		}},
 		{429, map[string]string{ // down to 2 when m <= 59999: 30001ms, so 31s
 			"X-Ratelimit-Limit": "3", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "31",
@@ -329,9 +332,9 @@ func TestTiers(t *testing.T) {
 	}{
 		{"free 1", "", 200, `"free";q=2;w=60`, `"free";r=1;t=61`},
 		{"paid 1", "paid-1", 200, `"paid";q=5;w=60`, `"paid";r=4;t=61`},
-		{"free 2", "", 200, `"free";q=2;w=60`, `"free";r=0;t=91`},
+		{"free 2", "", 200, `"free";q=2;w=60`, `"free";r=0;t=61`}, // the count falls by one as it did at 1 (RefillAfter)
 		{"unknown key counts as free", "made-up", 429, `"free";q=2;w=60`, `"free";r=0;t=61`},
-		{"paid 2", "paid-1", 200, `"paid";q=5;w=60`, `"paid";r=3;t=91`},
+		{"paid 2", "paid-1", 200, `"paid";q=5;w=60`, `"paid";r=3;t=61`},
 	}
 	for _, tc := range tests {
 		w := serve(h, request("192.0.2.1:1", "X-API-Key", tc.apiKey))

@@ -53,7 +53,7 @@ func TestLimitsPerKeyAndIP(t *testing.T) {
 	// Another address with beta: its own address's count, beta's key count.
 	w := serve(h, request("192.0.2.2:1234", "X-API-Key", "beta"))
 	require.Equal(t, http.StatusOK, w.Code)
-	require.Equal(t, `"per-key";r=2;t=61, "per-ip";r=2;t=31`, headersOf(t, w)[httplimit.HeaderRateLimit])
+	require.Equal(t, `"per-key";r=2;t=31, "per-ip";r=2;t=31`, headersOf(t, w)[httplimit.HeaderRateLimit])
 }
 
 // A request with no identity of a WithLimitsPer's kind is decided without

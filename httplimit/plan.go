@@ -166,9 +166,20 @@ func (pl *Plan) PoliciesAt(now time.Time) []string {
 
 // RateLimits returns the items of RateLimit (grpclimit's ratelimit values)
 // for a decision against the plan whose Results are results, one for each
-// enforced limit, in order: `"<name>";r=<remaining>;t=<reset>`, the reset
-// as ResetSeconds gives it, and no t on a denial that can never pass, which
-// no wait lets through. It returns none when the headers show nothing of
+// enforced limit, in order: `"<name>";r=<remaining>;t=<seconds>`, and no t
+// on a denial that can never pass, which no wait lets through.
+//
+// t follows the IETF draft's latest text, where it is the window within
+// which the client may use no more than r, not when the quota resets: on
+// an allowed response it is the seconds, rounded up, until r next grows
+// (ratelimit.Result.RefillAfter), the longest window of which that is
+// true, and never longer than the client must wait for more; a sliding
+// window's r grows as soon as the previous window's weight drops by one
+// request, long before its count is 0 (a daily limit used steadily shows a
+// t of seconds, not a day and more). On a denial it is the wait until the
+// request would pass, as Retry-After says, and for a limit that admitted a
+// request another denied, the seconds until its count is 0 (ResetSeconds):
+// it counted nothing to refill. It returns none when the headers show nothing of
 // the decision (see Shown) or nothing of its counts: a Degraded decision,
 // which Redis did not make.
 func (pl *Plan) RateLimits(results []ratelimit.Result) []string {
@@ -181,10 +192,20 @@ func (pl *Plan) RateLimits(results []ratelimit.Result) []string {
 	for k, i := range pl.enforced {
 		items[k] = pl.names[i] + ";r=" + strconv.FormatInt(results[i].Remaining, 10)
 		if !never {
-			items[k] += ";t=" + strconv.FormatInt(ResetSeconds(results[i]), 10)
+			items[k] += ";t=" + strconv.FormatInt(windowSeconds(results[i]), 10)
 		}
 	}
 	return items
+}
+
+// windowSeconds returns RateLimit's t for res (see RateLimits): the
+// seconds until its remaining grows, for a Result that counted its request,
+// else ResetSeconds.
+func windowSeconds(res ratelimit.Result) int64 {
+	if res.Allowed && res.RefillAfter() > 0 {
+		return seconds(res.RefillAfter())
+	}
+	return ResetSeconds(res)
 }
 
 // defaultPlan returns the default plan, the limit given to New followed

@@ -70,7 +70,7 @@ func TestTwoLimitsAtTheLimits(t *testing.T) {
 		}, []int64{1, 1}},
 		{0, 200, map[string]string{
 			"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "2",
-			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=0;t=2, "hourly";r=3;t=3600`,
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=0;t=1, "hourly";r=3;t=1800`,
 		}, []int64{2, 2}},
 		{0, 429, map[string]string{ // the burst denies: not counted under the hourly limit
 			"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "1",
@@ -78,9 +78,9 @@ func TestTwoLimitsAtTheLimits(t *testing.T) {
 		}, []int64{2, 2}},
 		{2 * time.Second, 200, nil, []int64{1, 3}},
 		{2 * time.Second, 200, nil, []int64{2, 4}},
-		{4 * time.Second, 200, map[string]string{ // the hourly limit binds: 0 left
+		{4 * time.Second, 200, map[string]string{ // the hourly limit binds: 0 left, 1 more in 1796 s (t), all 5 in 4676 s
 			"X-Ratelimit-Limit": "5", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "4676",
-			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=1;t=1, "hourly";r=0;t=4676`,
+			"Ratelimit-Policy": policy, "Ratelimit": `"burst";r=1;t=1, "hourly";r=0;t=1796`,
 		}, []int64{1, 5}},
 		{4 * time.Second, 429, map[string]string{ // the hourly limit denies: not counted under the burst
 			"X-Ratelimit-Limit": "5", "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": "1796",
@@ -170,10 +170,10 @@ func TestPlanPerTier(t *testing.T) {
 		{"free 1", "", 0, 200, freePolicy, `"burst";r=0;t=1, "hourly";r=1;t=1800`},
 		{"free 2: burst", "", 0, 429, freePolicy, `"burst";r=0;t=1, "hourly";r=1;t=1800`},
 		{"paid 1", "paid-1", 0, 200, paidPolicy, `"paid-burst";r=2;t=1, "paid-hourly";r=99;t=1800`},
-		{"free 3, a second later", "", time.Second, 200, freePolicy, `"burst";r=0;t=1, "hourly";r=0;t=3599`},
+		{"free 3, a second later", "", time.Second, 200, freePolicy, `"burst";r=0;t=1, "hourly";r=0;t=1799`},
 		{"free 4: hourly", "", 3 * time.Second, 429, freePolicy, `"burst";r=1;t=0, "hourly";r=0;t=1797`},
 		{"an unknown key counts as free", "made-up", 3 * time.Second, 429, freePolicy, `"burst";r=1;t=0, "hourly";r=0;t=1797`},
-		{"paid 2", "paid-1", 3 * time.Second, 200, paidPolicy, `"paid-burst";r=2;t=1, "paid-hourly";r=98;t=3597`},
+		{"paid 2", "paid-1", 3 * time.Second, 200, paidPolicy, `"paid-burst";r=2;t=1, "paid-hourly";r=98;t=1797`},
 	}
 	start := e.clock.Now()
 	for _, tc := range tests {

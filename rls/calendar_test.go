@@ -73,3 +73,16 @@ func TestCalendarRuleErrors(t *testing.T) {
 		require.ErrorContains(t, err, says, yaml)
 	}
 }
+
+// Within its limit, a descriptor's duration_until_reset is the wait until
+// its remaining grows (httplimit's t), not until its count is 0: two
+// requests 30 s into a minute weigh one a ms into the next minute, and
+// nothing only 30 s later.
+func TestWithinLimitWaitsForRefill(t *testing.T) {
+	f := newFixture(t)
+	r := f.ask(t, 0, desc("user", "ann"))
+	require.Equal(t, 30*time.Second+time.Millisecond, r.Statuses[0].DurationUntilReset.AsDuration(), "one request: gone as it fades")
+	r = f.ask(t, 0, desc("user", "ann"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Equal(t, 30*time.Second+time.Millisecond, r.Statuses[0].DurationUntilReset.AsDuration(), "not 60.001 s, when both are gone")
+}

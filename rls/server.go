@@ -434,7 +434,13 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 		res := results[d.quota]
 		counted, isOver, remaining := d.view(quotas, results)
 		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
+		// within its limit: until its remaining grows, as httplimit's t
+		// says (Result.RefillAfter; ResetAfter for a Result that counted
+		// nothing); never a wait longer than a client must
 		wait := res.ResetAfter
+		if refill := res.RefillAfter(); refill > 0 {
+			wait = refill
+		}
 		if isOver {
 			// 0 remaining, as the reference says of a descriptor over its
 			// limit, even where a request of fewer hits would fit; a shadow
