@@ -31,16 +31,15 @@ func newDenyCache(maxEntries int) *denyCache {
 	return &denyCache{table: newWindowTable(maxEntries)}
 }
 
-// deny reports whether the counts cached for id already deny decision d,
-// and if so fills its spans with them (zero where nothing is cached: a lower
-// bound too) and marks its requests denied. A decision with a Shadow limit
-// always goes to Redis, which counts the shadow limit when it alone admits
-// the request.
+// deny reports whether the counts cached for id (for AllowMany's, each
+// quota's ID) already deny decision d, and if so fills its spans with them
+// (zero where nothing is cached: a lower bound too) and marks its requests
+// denied. A decision with a Shadow limit always goes to Redis, which counts
+// the shadow limit when it alone admits the request.
 func (c *denyCache) deny(id string, d *decision) bool {
-	if len(d.reqs) != 1 {
+	if len(d.reqs) != 1 && d.quotas == nil {
 		return false
 	}
-	cost := d.reqs[0].Cost
 	denied := false
 	for i := range d.spans {
 		s := &d.spans[i]
@@ -50,11 +49,11 @@ func (c *denyCache) deny(id string, d *decision) bool {
 		if s.local {
 			continue // its lease admits it
 		}
-		e, ok := c.table.get(id, s.pos)
+		e, ok := c.table.get(d.spanID(s, id), s.pos)
 		if !ok {
 			continue
 		}
-		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.rate-s.want(cost) {
+		if seen, ok := e.at(s.pos); ok && s.pos.estimate(&seen) > s.rate-s.want(d.spanCost(s)) {
 			denied = true
 		}
 	}
@@ -64,26 +63,48 @@ func (c *denyCache) deny(id string, d *decision) bool {
 	for i := range d.spans {
 		s := &d.spans[i]
 		s.seen = counts{}
-		if e, ok := c.table.get(id, s.pos); ok {
+		if e, ok := c.table.get(d.spanID(s, id), s.pos); ok {
 			s.seen, _ = e.at(s.pos)
 		}
 	}
-	d.replies[0] = script.Reply{}
+	for r := range d.replies {
+		d.replies[r] = script.Reply{}
+	}
 	return true
+}
+
+// spanID returns the id the span's limit counts under: its quota's, for
+// AllowMany's, else the decision's, id.
+func (d *decision) spanID(s *span, id string) string {
+	if d.quotas != nil {
+		return d.quotas[s.at].ID
+	}
+	return id
+}
+
+// spanCost returns what the span's request costs its limit: its quota's
+// Cost, for AllowMany's (0 refuses only a count above the rate), else its
+// request's.
+func (d *decision) spanCost(s *span) int64 {
+	if d.quotas != nil {
+		return d.quotas[s.at].Cost
+	}
+	return d.reqs[s.req].Cost
 }
 
 // record keeps what Redis reported for decision d: always when it denied,
 // and to refresh an entry already cached when it allowed.
 func (c *denyCache) record(id string, d *decision) {
-	if len(id) > maxCachedID {
-		return
-	}
 	for i := range d.spans {
 		s := &d.spans[i]
+		id := d.spanID(s, id)
+		if len(id) > maxCachedID {
+			continue
+		}
 		allowed := d.replies[s.req].Allowed
 		seen := s.seen
 		if allowed {
-			seen[0] += s.want(d.reqs[s.req].Cost)
+			seen[0] += s.want(d.spanCost(s))
 		}
 		over := d.kind == EventCharge && d.refused&(1<<s.at) != 0 // a Charge pushed the id over
 		c.table.update(id, s.pos, func(_ windowEntry, cached bool) (windowEntry, bool) {

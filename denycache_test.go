@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +164,46 @@ func TestDenyCacheReset(t *testing.T) {
 	res, err = l.Allow(ctx, "id", limit)
 	require.NoError(t, err)
 	require.True(t, res.Allowed)
+}
+
+// AllowMany asks and teaches the deny cache as AllowAll does, per quota's
+// ID: a client hammering past one of its ids' limits is denied locally,
+// with the Results Redis would give, until a request could pass.
+func TestDenyCacheAllowMany(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := clock.NewFake(epoch.Add(250 * time.Millisecond))
+	newLimiter := func(opts ...ratelimit.Option) (*ratelimit.Limiter, *miniredis.Miniredis) {
+		mr := miniredis.RunT(t)
+		c := newClient(t, &redis.Options{Addr: mr.Addr()})
+		return ratelimit.New(c, append(opts, ratelimit.WithClock(clk.Now), ratelimit.WithTimeout(time.Minute))...), mr
+	}
+	plain, plainRedis := newLimiter()
+	cached, cachedRedis := newLimiter(ratelimit.WithDenyCache(100))
+	var sources []ratelimit.Source
+	var mu sync.Mutex
+	watched, _ := newLimiter(ratelimit.WithDenyCache(100), ratelimit.WithObserver(ratelimit.ObserverFunc(func(_ context.Context, ev *ratelimit.Event) {
+		mu.Lock()
+		sources = append(sources, ev.Source)
+		mu.Unlock()
+	})))
+	quotas := []ratelimit.Quota{
+		{ID: "per-key|alpha", Limit: ratelimit.PerSecond(10), Cost: 1},
+		{ID: "per-ip|192.0.2.1", Limit: ratelimit.PerSecond(3), Cost: 1},
+	}
+	for step := range 40 {
+		if step == 20 {
+			clk.Add(time.Second) // the next window: the cache lets it through to Redis
+		}
+		want, err := plain.AllowMany(ctx, quotas)
+		require.NoError(t, err)
+		got, err := cached.AllowMany(ctx, quotas)
+		require.NoError(t, err)
+		require.Equal(t, ratelimit.PublicAll(want), ratelimit.PublicAll(got), "step %d", step)
+		_, err = watched.AllowMany(ctx, quotas)
+		require.NoError(t, err)
+	}
+	t.Logf("commands without the cache %d, with it %d", plainRedis.CommandCount(), cachedRedis.CommandCount())
+	require.Less(t, cachedRedis.CommandCount(), plainRedis.CommandCount()/2, "the cache answered too few denials")
+	require.Contains(t, sources, ratelimit.SourceCache)
 }

@@ -51,8 +51,9 @@ type Quota struct {
 // AllowMany takes at most 16 quotas, two of one ID only if their windows
 // differ (as AllowAll's limits), none Leased (a lease belongs to one id;
 // decide Leased limits with Allow, AllowN or AllowAll), and an empty list
-// is ErrInvalidLimit. It neither asks nor teaches the deny cache, and
-// WithCountDenied does not apply: a refused request counts nothing. When
+// is ErrInvalidLimit. The deny cache (WithDenyCache) answers for it as for
+// AllowAll, from what Redis reported of each ID, and WithCountDenied does
+// not apply: a refused request counts nothing. When
 // Redis fails, the failure policy decides every quota alike; FailLocal
 // checks each against its share in this process and counts all of them
 // only if all admit. To give back part of what it counted, Refund each
@@ -85,6 +86,10 @@ func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
 	}
 	id := d.quotas[0].ID // for the error handler and the Observer
 	groups := l.buildMany(d, l.now().UnixMilli())
+	if l.denied != nil && l.denied.deny(id, d) {
+		d.deriveMany()
+		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
+	}
 	var took time.Duration
 	var left bool
 	var err error
@@ -100,6 +105,9 @@ func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
 		return l.fail(ctx, d, id, took, err)
 	}
 	d.absorb()
+	if l.denied != nil {
+		l.denied.record(id, d)
+	}
 	d.deriveMany()
 	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
 }
