@@ -346,6 +346,18 @@ func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, p
 
 type decidedKey struct{}
 
+// maxLimits is the most limits one decision takes (ratelimit.ValidateLimits,
+// AllowMany).
+const maxLimits = 16
+
+// limitsOf returns pl's limits; none for a nil plan.
+func limitsOf(pl *httplimit.Plan) []ratelimit.Limit {
+	if pl == nil {
+		return nil
+	}
+	return pl.Limits()
+}
+
 // FromContext returns the binding Result of the decision the interceptor
 // made for the call whose context ctx is (a handler's, a denied or error
 // handler's, or one derived from them), and whether there was one: there is
@@ -407,6 +419,9 @@ func Charge(ctx context.Context, n int64) error {
 	d, ok := ctx.Value(decidedKey{}).(*decided)
 	if !ok || d.limiter == nil {
 		return errors.New("grpclimit: Charge: the call did not pass through the interceptor")
+	}
+	if len(d.results) == 0 {
+		return errors.New("grpclimit: Charge: the interceptor decides no rate (WithConcurrency alone)")
 	}
 	// The work is done: a caller that left owes it all the same, within the
 	// Limiter's timeout.
@@ -508,6 +523,16 @@ func newInterceptor(fn string, l *ratelimit.Limiter, limit ratelimit.Limit, opts
 		perPlans = append(perPlans, p.plan)
 		perLimits = append(perLimits, p.plan.Limits()...)
 	}
+	if n := len(perLimits) + len(limitsOf(base)); len(perPlans) > 0 && n > maxLimits {
+		cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s with WithLimitsPer: %d limits in all, more than %d, which one decision (AllowMany) takes", fn, n, maxLimits))
+	}
+	if base == nil && cfg.slots != nil && len(cfg.errs) == 0 {
+		for name, set := range map[string]bool{"WithCost": cfg.cost != nil, "WithCountIf": cfg.countIf != nil, "WithShadowHandler": cfg.onShadow != nil} {
+			if set {
+				cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s with WithConcurrency alone (the zero Limit): there is no rate plan for it to act on", name))
+			}
+		}
+	}
 	if base != nil && len(perPlans) > 0 {
 		if _, err := base.Join(perPlans...); err != nil {
 			cfg.errs = append(cfg.errs, fmt.Errorf("grpclimit: %s with WithLimitsPer: %w", fn, err))
@@ -578,6 +603,13 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	case err != nil:
 	case len(parts) == 1:
 		results, err = in.limiter.AllowAll(ctx, parts[0].id, parts[0].limits, cost)
+	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
+		for _, p := range parts {
+			for _, limit := range p.limits {
+				results = append(results, ratelimit.Result{Limit: limit})
+			}
+		}
+		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
 	default:
 		results, err = in.limiter.AllowMany(ctx, quotas(parts, cost))
 	}

@@ -84,3 +84,20 @@ func TestLimitsPerConfigurationErrors(t *testing.T) {
 		require.ErrorContains(t, err, says)
 	}
 }
+
+// The twin of httplimit's TestLimitsPerReviewed.
+func TestLimitsPerReviewed(t *testing.T) {
+	zero := grpclimit.WithCost(func(context.Context, string) int64 { return 0 })
+	e := newEnv(t, ratelimit.PerMinute(1), []grpclimit.Option{zero, grpclimit.WithLimitsPer("per-ip", grpclimit.ClientAddress, ratelimit.PerMinute(1))})
+	require.Equal(t, []codes.Code{codes.Internal, codes.Internal, codes.Internal}, callCodes(t, e.dial(client), "A", 3))
+
+	l := ratelimit.New(nil)
+	var nine []ratelimit.Limit
+	for i := range 9 {
+		nine = append(nine, ratelimit.Limit{Rate: 10, Window: time.Duration(i+1) * time.Second})
+	}
+	_, err := grpclimit.NewUnary(l, nine[0], grpclimit.WithLimits(nine[1:]...), grpclimit.WithLimitsPer("per-ip", grpclimit.ClientAddress, nine...))
+	require.ErrorContains(t, err, "18 limits in all, more than 16")
+	_, err = grpclimit.NewUnary(l, ratelimit.Limit{}, grpclimit.WithConcurrency(ratelimit.Concurrency{Max: 1, Lease: time.Minute}), zero)
+	require.ErrorContains(t, err, "WithCost with WithConcurrency alone")
+}

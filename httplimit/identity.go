@@ -83,8 +83,6 @@ func idString(v any) string {
 	return ""
 }
 
-// identity returns the id r is counted under: the first KeyFunc's non-empty
-// answer or the client address, after the route if there is one.
 // ClientAddress is the KeyFunc of a request's client address as the
 // middleware computes it, from RemoteAddr or the proxy headers it trusts
 // (WithTrustedProxies, WithClientIPHeader), IPv6 addresses grouped by
@@ -120,6 +118,8 @@ func (c *config) perIDs(r *http.Request) []string {
 	return ids
 }
 
+// identity returns the id r is counted under: the first KeyFunc's non-empty
+// answer or the client address, after the route if there is one.
 func (c *config) identity(r *http.Request) string {
 	id := ""
 	for _, fn := range c.keys {

@@ -161,6 +161,25 @@ func New(l *ratelimit.Limiter, limit ratelimit.Limit, opts ...Option) (func(http
 			cfg.errs = append(cfg.errs, err)
 		}
 	}
+	if len(cfg.per) > 0 {
+		n := 0
+		if static != nil {
+			n = len(static.limits)
+		}
+		for _, p := range cfg.per {
+			n += len(p.plan.limits)
+		}
+		if n > maxLimits {
+			cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: New with WithLimitsPer: %d limits in all, more than %d, which one decision (AllowMany) takes", n, maxLimits))
+		}
+	}
+	if static == nil && cfg.slots != nil && len(cfg.errs) == 0 {
+		for name, set := range map[string]bool{"WithCost": cfg.cost != nil, "WithCountIf": cfg.countIf != nil, "WithShadowHandler": cfg.onShadow != nil} {
+			if set {
+				cfg.errs = append(cfg.errs, fmt.Errorf("httplimit: %s with WithConcurrency alone (the zero Limit): there is no rate plan for it to act on", name))
+			}
+		}
+	}
 	if static != nil && len(cfg.per) > 0 {
 		var plans []*Plan
 		for _, p := range cfg.per {
@@ -245,6 +264,9 @@ func Charge(r *http.Request, n int64) error {
 	if !ok || d.limiter == nil {
 		return errors.New("httplimit: Charge: the request did not pass through the middleware")
 	}
+	if len(d.results) == 0 {
+		return errors.New("httplimit: Charge: the middleware decides no rate (WithConcurrency alone)")
+	}
 	// The work is done: a client that left owes it all the same, within the
 	// Limiter's timeout.
 	var errs []error
@@ -257,6 +279,10 @@ func Charge(r *http.Request, n int64) error {
 }
 
 type resultKey struct{}
+
+// maxLimits is the most limits one decision takes (ratelimit.ValidateLimits,
+// AllowMany).
+const maxLimits = 16
 
 // FromContext returns the binding Result of the decision the middleware
 // made for the request whose context ctx is, and whether there was one:
@@ -390,6 +416,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case err != nil:
 	case len(parts) == 1:
 		results, err = m.limiter.AllowAll(r.Context(), parts[0].id, pl.limits, cost)
+	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
+		results = make([]ratelimit.Result, len(pl.limits))
+		for i, limit := range pl.limits {
+			results[i].Limit = limit
+		}
+		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
 	default:
 		results, err = m.limiter.AllowMany(r.Context(), quotas(parts, cost))
 	}

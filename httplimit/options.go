@@ -237,9 +237,13 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 // the binding one, of whichever identity; FromContextAll returns every
 // Result in that order. WithCountIf's refunds, Charge, WithConcurrency (a
 // slot of the plan's identity), shadow limits and the failure policy treat
-// the decision as one. name must be unique among WithLimitsPer's, key not
-// nil, limits a valid plan (see WithLimits), and every name in the headers
-// distinct: New reports what is not.
+// the decision as one. A further identity's ids are "<name>|<id>": like
+// every KeyFunc's, key's answers must name their kind and come from nothing
+// the client chooses freely (see KeyFunc), or a client could name another
+// identity's count. name must be unique among WithLimitsPer's, key not
+// nil, limits a valid plan (see WithLimits), every name in the headers
+// distinct, and the plan and every identity at most 16 limits in all: New
+// reports what is not.
 func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) {

@@ -201,3 +201,29 @@ func TestLimitsPerNames(t *testing.T) {
 	require.Equal(t, http.StatusOK, w.Code)
 	require.Equal(t, `"10-per-1s";q=10;w=1, "per-ip-3-per-60s";q=3;w=60, "per-ip-50-per-3600s";q=50;w=3600`, headersOf(t, w)[httplimit.HeaderPolicy])
 }
+
+// What the review of WithLimitsPer found: a cost below 1 is an error (500)
+// as with one identity, never a free look; more than 16 limits in all, or
+// options that need a rate plan beside WithConcurrency alone, are refused
+// by New.
+func TestLimitsPerReviewed(t *testing.T) {
+	e := newEnv(t)
+	served := 0
+	zero := httplimit.WithCost(func(*http.Request) int64 { return 0 })
+	h := e.handler(&served, ratelimit.PerMinute(1), zero, httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, ratelimit.PerMinute(1)))
+	for range 3 {
+		require.Equal(t, http.StatusInternalServerError, serve(h, request("192.0.2.1:1234")).Code)
+	}
+	require.Zero(t, served)
+
+	var nine []ratelimit.Limit
+	for i := range 9 {
+		nine = append(nine, ratelimit.Limit{Rate: 10, Window: time.Duration(i+1) * time.Second})
+	}
+	_, err := httplimit.New(e.limiter, nine[0], httplimit.WithLimits(nine[1:]...), httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, nine...))
+	require.ErrorContains(t, err, "18 limits in all, more than 16")
+
+	slots := httplimit.WithConcurrency(ratelimit.Concurrency{Max: 1, Lease: time.Minute})
+	_, err = httplimit.New(e.limiter, ratelimit.Limit{}, slots, zero)
+	require.ErrorContains(t, err, "WithCost with WithConcurrency alone")
+}

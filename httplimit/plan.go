@@ -102,9 +102,11 @@ func (pl *Plan) Limits() []ratelimit.Limit {
 // tell them apart: the error says which, and wraps
 // ratelimit.ErrInvalidLimit.
 func (pl *Plan) Join(more ...*Plan) (*Plan, error) {
-	limits := append([]ratelimit.Limit(nil), pl.limits...)
-	for _, p := range more {
-		limits = append(limits, p.limits...)
+	var limits []ratelimit.Limit
+	for _, p := range append([]*Plan{pl}, more...) {
+		if p != nil { // a nil Plan holds no limit
+			limits = append(limits, p.limits...)
+		}
 	}
 	all := newPlan(limits)
 	for i, name := range all.names {

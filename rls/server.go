@@ -438,7 +438,7 @@ func (s *Server) status(d descriptor, quotas []ratelimit.Quota, results []rateli
 		// says (Result.RefillAfter; ResetAfter for a Result that counted
 		// nothing); never a wait longer than a client must
 		wait := res.ResetAfter
-		if refill := res.RefillAfter(); refill > 0 {
+		if refill := res.RefillAfter(); refill > 0 && !isOver {
 			wait = refill
 		}
 		if isOver {
