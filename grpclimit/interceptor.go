@@ -90,6 +90,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/httplimit"
+	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -235,7 +236,7 @@ func (in *interceptor) acquire(ctx context.Context, fullMethod string, d *decide
 	if c == nil || d.limiter == nil {
 		return ratelimit.Slot{}, md, nil
 	}
-	slot, err := in.limiter.Acquire(ctx, d.parts[0].id, *c)
+	slot, err := in.limiter.Acquire(ctx, d.parts[0].ID, *c)
 	if err != nil || !slot.Acquired {
 		d.refund(ctx)
 	}
@@ -286,34 +287,12 @@ type decided struct {
 }
 
 // part is one identity of a decision and the limits counted under it.
-type part struct {
-	id     string
-	limits []ratelimit.Limit
-}
+type part = identity.Part
 
-// refund gives back the call's cost under every identity of d, owed even
-// if the caller left, within the Limiter's timeout; a refund of what was
-// not counted is no failure, and is not reported.
+// refund gives back the call's cost under every identity of d: what a full
+// concurrency limit or WithCountIf does not count (see identity.Refund).
 func (d *decided) refund(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	at := 0
-	for _, p := range d.parts {
-		_ = d.limiter.Refund(ctx, p.id, d.results[at:at+len(p.limits)], d.cost)
-		at += len(p.limits)
-	}
-}
-
-// quotas returns the quotas of a decision of parts at cost, for AllowMany,
-// which leases nothing: Leased is dropped.
-func quotas(parts []part, cost int64) []ratelimit.Quota {
-	var qs []ratelimit.Quota
-	for _, p := range parts {
-		for _, limit := range p.limits {
-			limit.Leased = false
-			qs = append(qs, ratelimit.Quota{ID: p.id, Limit: limit, Cost: cost})
-		}
-	}
-	return qs
+	identity.Refund(ctx, d.limiter, d.parts, d.results, d.cost)
 }
 
 // withPer adds to parts, the plan pl's identity, each WithLimitsPer
@@ -324,7 +303,7 @@ func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, p
 	var plans []*httplimit.Plan
 	for i, id := range in.cfg.perIDs(ctx, fullMethod, prefix) {
 		if id != "" {
-			parts = append(parts, part{id: id, limits: in.cfg.per[i].plan.Limits()})
+			parts = append(parts, part{ID: id, Limits: in.cfg.per[i].plan.Limits()})
 			plans = append(plans, in.cfg.per[i].plan)
 		}
 	}
@@ -333,13 +312,7 @@ func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, p
 	}
 	all, err := pl.Join(plans...)
 	if err != nil {
-		var results []ratelimit.Result
-		for _, p := range parts {
-			for _, limit := range p.limits {
-				results = append(results, ratelimit.Result{Limit: limit})
-			}
-		}
-		return nil, nil, results, fmt.Errorf("grpclimit: the plan with WithLimitsPer: %w", err)
+		return nil, nil, identity.Unset(parts), fmt.Errorf("grpclimit: the plan with WithLimitsPer: %w", err)
 	}
 	return all, parts, nil, nil
 }
@@ -425,13 +398,7 @@ func Charge(ctx context.Context, n int64) error {
 	}
 	// The work is done: a caller that left owes it all the same, within the
 	// Limiter's timeout.
-	var errs []error
-	for _, p := range d.parts {
-		if _, err := d.limiter.Charge(context.WithoutCancel(ctx), p.id, p.limits, n); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return identity.Charge(ctx, d.limiter, d.parts, n)
 }
 
 // errMisconfigured answers every call of an interceptor whose configuration
@@ -578,7 +545,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	d := &decided{}
 	if in.base == nil { // WithConcurrency alone: a slot, no rate plan
 		d.parts = d.one[:]
-		d.parts[0] = part{id: c.identity(ctx, fullMethod)}
+		d.parts[0] = part{ID: c.identity(ctx, fullMethod)}
 		d.limiter = in.limiter
 		return context.WithValue(ctx, decidedKey{}, d), nil, d, nil
 	}
@@ -594,7 +561,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 			cost = c.cost(ctx, fullMethod)
 		}
 		parts = d.one[:]
-		parts[0] = part{id: prefix + c.identity(ctx, fullMethod), limits: pl.Limits()}
+		parts[0] = part{ID: prefix + c.identity(ctx, fullMethod), Limits: pl.Limits()}
 		if len(c.per) > 0 {
 			pl, parts, results, err = in.withPer(ctx, fullMethod, prefix, pl, parts)
 		}
@@ -602,16 +569,12 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	switch {
 	case err != nil:
 	case len(parts) == 1:
-		results, err = in.limiter.AllowAll(ctx, parts[0].id, parts[0].limits, cost)
+		results, err = in.limiter.AllowAll(ctx, parts[0].ID, parts[0].Limits, cost)
 	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
-		for _, p := range parts {
-			for _, limit := range p.limits {
-				results = append(results, ratelimit.Result{Limit: limit})
-			}
-		}
+		results = identity.Unset(parts)
 		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
 	default:
-		results, err = in.limiter.AllowMany(ctx, quotas(parts, cost))
+		results, err = in.limiter.AllowMany(ctx, identity.Quotas(parts, cost))
 	}
 	d.results, d.binding, d.cost = results, ratelimit.Binding(results), cost
 	if err == nil {

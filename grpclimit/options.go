@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/httplimit"
+	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Option configures an interceptor; pass options to UnaryServerInterceptor,
@@ -165,38 +166,17 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) {
-		where := fmt.Sprintf("grpclimit: WithLimitsPer(%q)", name)
-		switch {
-		case name == "":
-			c.errs = append(c.errs, errors.New("grpclimit: WithLimitsPer: the identity has no name"))
-			return
-		case key == nil:
-			c.errs = append(c.errs, fmt.Errorf("%s: the KeyFunc is nil (ClientAddress for the client's address)", where))
-			return
-		case strings.Contains(name, "|"):
-			c.errs = append(c.errs, fmt.Errorf("%s: the name holds '|', which ends it in the ids counted", where))
-			return
-		}
+		var taken []string
 		for _, p := range c.per {
-			if p.name == name {
-				c.errs = append(c.errs, fmt.Errorf("%s given twice", where))
-				return
-			}
+			taken = append(taken, p.name)
 		}
-		for i := range limits {
-			limits[i].Leased = false
-			if limits[i].Name != "" || limits[i] == (ratelimit.Limit{}) {
-				continue
-			}
-			derived := strings.Trim(PolicyName(limits[i]), `"`) // a derived name needs no escape
-			limits[i].Name = name
-			if len(limits) > 1 {
-				limits[i].Name += "-" + derived
-			}
+		if err := identity.Check(name, key == nil, taken); err != nil {
+			c.errs = append(c.errs, fmt.Errorf("grpclimit: %w", err))
+			return
 		}
-		pl, err := httplimit.NewPlan(limits...)
+		pl, err := httplimit.NewPlan(identity.Named(name, limits, PolicyName)...)
 		if err != nil {
-			c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))
+			c.errs = append(c.errs, fmt.Errorf("grpclimit: WithLimitsPer(%q): %w", name, err))
 			return
 		}
 		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})

@@ -56,6 +56,7 @@ import (
 	"sync"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Middleware returns middleware that decides each request against limit
@@ -233,23 +234,12 @@ type decided struct {
 }
 
 // part is one identity of a decision and the limits counted under it.
-type part struct {
-	id     string
-	limits []ratelimit.Limit
-}
+type part = identity.Part
 
 // refund gives back cost under every identity of d: what a full
-// concurrency limit or WithCountIf does not count. It is owed even if the
-// client left, within the Limiter's timeout; a refund of what was not
-// counted (shadow mode let a denial through, the failure policy decided)
-// is an error that is no failure, and is not reported.
+// concurrency limit or WithCountIf does not count (see identity.Refund).
 func (d *decided) refund(ctx context.Context, cost int64) {
-	ctx = context.WithoutCancel(ctx)
-	at := 0
-	for _, p := range d.parts {
-		_ = d.limiter.Refund(ctx, p.id, d.results[at:at+len(p.limits)], cost)
-		at += len(p.limits)
-	}
+	identity.Refund(ctx, d.limiter, d.parts, d.results, cost)
 }
 
 // Charge charges the client of r, under the plan the middleware decided r against,
@@ -269,13 +259,7 @@ func Charge(r *http.Request, n int64) error {
 	}
 	// The work is done: a client that left owes it all the same, within the
 	// Limiter's timeout.
-	var errs []error
-	for _, p := range d.parts {
-		if _, err := d.limiter.Charge(context.WithoutCancel(r.Context()), p.id, p.limits, n); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return identity.Charge(r.Context(), d.limiter, d.parts, n)
 }
 
 type resultKey struct{}
@@ -335,7 +319,7 @@ func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []
 	for i, id := range m.cfg.perIDs(r) {
 		if id != "" {
 			set |= 1 << i
-			parts = append(parts, part{id: id, limits: m.cfg.per[i].plan.limits})
+			parts = append(parts, part{ID: id, Limits: m.cfg.per[i].plan.limits})
 			plans = append(plans, m.cfg.per[i].plan)
 		}
 	}
@@ -349,31 +333,12 @@ func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []
 	}
 	all, err := pl.Join(plans...)
 	if err != nil {
-		var results []ratelimit.Result
-		for _, p := range parts {
-			for _, limit := range p.limits {
-				results = append(results, ratelimit.Result{Limit: limit})
-			}
-		}
-		return nil, nil, results, fmt.Errorf("httplimit: WithPlanFunc's plan with WithLimitsPer: %w", err)
+		return nil, nil, identity.Unset(parts), fmt.Errorf("httplimit: WithPlanFunc's plan with WithLimitsPer: %w", err)
 	}
 	if pl == m.static {
 		m.withPerStatic.Store(set, all)
 	}
 	return all, parts, nil, nil
-}
-
-// quotas returns the quotas of a decision of parts at cost, for AllowMany,
-// which leases nothing: Leased is dropped.
-func quotas(parts []part, cost int64) []ratelimit.Quota {
-	var qs []ratelimit.Quota
-	for _, p := range parts {
-		for _, limit := range p.limits {
-			limit.Leased = false
-			qs = append(qs, ratelimit.Quota{ID: p.id, Limit: limit, Cost: cost})
-		}
-	}
-	return qs
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -395,7 +360,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	d := &decided{}
 	parts := d.one[:]
 	if m.static == nil { // WithConcurrency alone: a slot, no rate plan
-		parts[0] = part{id: c.identity(r)}
+		parts[0] = part{ID: c.identity(r)}
 		d.limiter, d.parts = m.limiter, parts
 		r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 		m.hold(w, r, next, d, 0)
@@ -407,7 +372,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		parts[0] = part{id: c.identity(r), limits: pl.limits}
+		parts[0] = part{ID: c.identity(r), Limits: pl.limits}
 		if len(c.per) > 0 {
 			pl, parts, results, err = m.withPer(r, pl, parts)
 		}
@@ -415,7 +380,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	switch {
 	case err != nil:
 	case len(parts) == 1:
-		results, err = m.limiter.AllowAll(r.Context(), parts[0].id, pl.limits, cost)
+		results, err = m.limiter.AllowAll(r.Context(), parts[0].ID, pl.limits, cost)
 	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
 		results = make([]ratelimit.Result, len(pl.limits))
 		for i, limit := range pl.limits {
@@ -423,7 +388,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
 	default:
-		results, err = m.limiter.AllowMany(r.Context(), quotas(parts, cost))
+		results, err = m.limiter.AllowMany(r.Context(), identity.Quotas(parts, cost))
 	}
 	d.results, d.binding = results, ratelimit.Binding(results)
 	if err == nil {
@@ -454,7 +419,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 func (m *middleware) hold(w http.ResponseWriter, r *http.Request, next http.Handler, d *decided, cost int64) {
 	c := &m.cfg
 	if c.slots != nil {
-		slot, err := m.limiter.Acquire(r.Context(), d.parts[0].id, *c.slots)
+		slot, err := m.limiter.Acquire(r.Context(), d.parts[0].ID, *c.slots)
 		if err != nil || !slot.Acquired {
 			// counted by neither: the plan gives back what it counted
 			d.refund(r.Context(), cost)

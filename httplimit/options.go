@@ -6,9 +6,9 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Option configures a Middleware; pass options to New or Middleware. A With…
@@ -247,37 +247,17 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) {
-		where := fmt.Sprintf("httplimit: WithLimitsPer(%q)", name)
-		switch {
-		case name == "":
-			c.errs = append(c.errs, errors.New("httplimit: WithLimitsPer: the identity has no name"))
-			return
-		case key == nil:
-			c.errs = append(c.errs, fmt.Errorf("%s: the KeyFunc is nil (ClientAddress for the client's address)", where))
-			return
-		case strings.Contains(name, "|"):
-			c.errs = append(c.errs, fmt.Errorf("%s: the name holds '|', which ends it in the ids counted", where))
-			return
-		}
+		var taken []string
 		for _, p := range c.per {
-			if p.name == name {
-				c.errs = append(c.errs, fmt.Errorf("%s given twice", where))
-				return
-			}
+			taken = append(taken, p.name)
 		}
-		for i := range limits {
-			limits[i].Leased = false
-			if limits[i].Name != "" || limits[i] == (ratelimit.Limit{}) {
-				continue
-			}
-			limits[i].Name = name
-			if len(limits) > 1 {
-				limits[i].Name += "-" + derivedName(limits[i])
-			}
+		if err := identity.Check(name, key == nil, taken); err != nil {
+			c.errs = append(c.errs, fmt.Errorf("httplimit: %w", err))
+			return
 		}
-		pl, err := NewPlan(limits...)
+		pl, err := NewPlan(identity.Named(name, limits, PolicyName)...)
 		if err != nil {
-			c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))
+			c.errs = append(c.errs, fmt.Errorf("httplimit: WithLimitsPer(%q): %w", name, err))
 			return
 		}
 		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})
