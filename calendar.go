@@ -221,7 +221,8 @@ type periodSpan struct {
 // period (an entry is used only for its own *time.Location).
 var periodCache [64]atomic.Pointer[periodSpan]
 
-// periodSeed hashes a zone's name to its slot of periodCache.
+// periodSeed hashes a zone's name: to its slot of periodCache, and for the
+// tables' keys (position.tableKey).
 var periodSeed = maphash.MakeSeed()
 
 // locateCalendar returns the position of Unix millisecond t in limit's

@@ -28,13 +28,12 @@ type tableShard struct {
 }
 
 // tableKey is an id and the length and kind of its limit's windows (for a
-// calendar limit, -subs its Period and zone its zone's name): one count of
-// the id, as the window table and the lease table key it. See
+// calendar limit, -subs its Period and w a hash of its zone's name): one
+// count of the id, as the window table and the lease table key it. See
 // position.tableKey.
 type tableKey struct {
 	id      string
 	w, subs int64
-	zone    string
 }
 
 // windowEntry holds the counts of a limit as they stood in window i, e ms
