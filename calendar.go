@@ -14,6 +14,7 @@ import (
 // Period is a calendar period.
 type Period uint8
 
+// The calendar periods a Limit's Calendar takes, in its Location.
 const (
 	Daily   Period = iota + 1 // from local midnight
 	Weekly                    // ISO weeks: from Monday 00:00
