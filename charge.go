@@ -1,15 +1,15 @@
-// Charge, Refund and GiveBack: costs counted whatever the counts, and given back;
-// the path of each (charge; refund and sendRefund).
+// Charge, Refund and GiveBack: costs counted whatever the counts, and given
+// back; the path of each.
 
 package ratelimit
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/plan"
 	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // Charge counts n against every limit for id, whatever the counts are: the cost of work already
@@ -31,87 +31,51 @@ import (
 // never sent twice, so a charge that timed out may or may not have been
 // counted. The Results of a Charge can be refunded.
 func (l *Limiter) Charge(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
-	d := &decision{limits: limits}
-	err := l.charge(ctx, d, id, n)
-	return d.results, err
-}
-
-// charge counts d, a Charge of n by id, in Redis, whatever the counts; gives
-// back in the same call this process's leases of d's Leased limits, which
-// it drops; and fills d.results from the counts Redis saw (see
-// deriveCharge), out through l.finish. A charge Redis does not count is an
-// error, whatever the failure policy.
-func (l *Limiter) charge(ctx context.Context, d *decision, id string, n int64) error {
-	d.cost, d.kind = n, EventCharge
-	if err := l.begin(d, id, n); err != nil {
-		return err
+	out := resultsOf(limits)
+	if err := l.checkDecision(id, limits, n); err != nil {
+		return out, err
 	}
 	if err := l.enter(); err != nil {
-		return err
+		return out, err
 	}
 	defer l.exit()
-	reqs := l.build(d, id, l.now().UnixMilli())
+	p := newPlan(len(limits))
+	leased := place(p, id, limits, n, l.now().UnixMilli())
+	reqs := p.BuildCharge(l.keys, id)
 	var gives []*script.Request
-	if d.leased() {
-		var at [maxLimits]position
-		n := 0
-		for i := range d.spans {
-			if s := &d.spans[i]; d.limits[s.at].Leased {
-				at[n] = s.pos
-				n++
+	if leased {
+		var at []window.Position
+		for i, limit := range limits {
+			if limit.Leased {
+				at = append(at, p.Spans[i].Pos)
 			}
 		}
-		gives = l.leases.drain(id, at[:n])
+		gives = l.leases.Drain(id, at)
 	}
-	took, left, err := l.send(ctx, d, id, reqs, gives)
-	if left {
-		return err
-	}
-	if errors.Is(err, ErrInvalidCost) {
+	o := op{kind: EventCharge, limits: limits, cost: n}
+	took, left, err := l.sendPlan(ctx, id, p, reqs, gives, &o)
+	switch {
+	case left:
+		return out, err
+	case errors.Is(err, ErrInvalidCost):
 		// Redis refused the cost (see sliding_window.lua): the caller's
 		// input, not a failure of Redis, and nothing counted.
-		return err
-	}
-	if err != nil {
+		return out, err
+	case err != nil:
 		l.onError(ctx, id, err)
 		if l.observer != nil {
-			l.observe(ctx, d, id, SourceRedis, took, err, false)
+			l.observe(ctx, id, &o, out, SourceRedis, took, err, false, false)
 		}
-		return wrap("ratelimit: charge", err)
+		return out, wrap("ratelimit: charge", err)
 	}
-	d.absorb()
-	d.deriveCharge()
+	p.Absorb()
+	outs := make([]plan.Out, len(limits))
+	allowed, refused := p.DeriveCharge(outs)
+	l.fill(out, outs, p)
 	if l.denied != nil {
-		l.denied.record(id, d)
+		l.denied.Record(p, refused)
 	}
-	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
-}
-
-// deriveCharge fills the Results of d, a charge, from the counts the script
-// saw before it: see Charge.
-func (d *decision) deriveCharge() {
-	d.allowed, d.refused = true, 0
-	for i := range d.spans {
-		s := &d.spans[i]
-		c := s.seen
-		c[0] += d.cost
-		count := s.pos.estimate(&c)
-		res := Result{Limit: d.limits[s.at], Count: count, Remaining: max(0, s.rate-count),
-			RetryAfter: s.pos.waitUntil(&c, s.rate-1), ResetAfter: s.pos.waitUntil(&c, 0),
-			receipt: newReceipt(d.limits[s.at], s.pos, d.cost, s.pos.waitUntil(&c, count-1))}
-		if count+1 > s.rate {
-			d.refused |= 1 << s.at
-			if s.shadow {
-				res.Shadowed = true
-			} else {
-				d.allowed = false
-			}
-		}
-		d.results[s.at] = res
-	}
-	for i := range d.results {
-		d.results[i].Allowed = d.allowed
-	}
+	return out, l.finish(ctx, id, &o, out, allowed, refused, SourceRedis, took, nil, nil)
 }
 
 // Refund gives back n of what the decision that returned results counted for id: for each limit,
@@ -152,104 +116,31 @@ func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int
 		return err
 	}
 	defer l.exit()
-	d, err := l.refund(id, results, n)
-	if err != nil || d == nil {
+	if err := l.checkRefund(id, results, n); err != nil {
 		return err
 	}
-	return l.sendRefund(ctx, d, id)
-}
-
-// refund checks a refund and returns it as a decision of one give-back
-// request, or nil when every limit's window has slid out of its span.
-func (l *Limiter) refund(id string, results []Result, n int64) (*decision, error) {
-	if l.t == nil {
-		return nil, ErrNilClient
-	}
-	if id == "" {
-		return nil, fmt.Errorf("%w: id is empty", ErrInvalidID)
-	}
-	if len(results) == 0 {
-		return nil, fmt.Errorf("%w: no Results to refund", ErrInvalidLimit)
-	}
-	if n < 1 {
-		return nil, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
-	}
-	counted := false
-	for i := range results {
-		r := results[i].receipt
-		if r.counted == 0 {
-			continue
-		}
-		limit := results[i].Limit
-		if r.by != l.serial || r.id != idHash(id) {
-			return nil, fmt.Errorf("%w: a Result of limit %v was not made by this Limiter for this id", ErrInvalidCost, limit)
-		}
-		if !r.of(limit) {
-			counted := Limit{Rate: limit.Rate, Window: time.Duration(r.ms) * time.Millisecond, Strict: r.strict, Calendar: r.cal, Location: r.loc}
-			return nil, fmt.Errorf("%w: a Result's limit %v is not the one it counted in (%v)", ErrInvalidLimit, limit, counted)
-		}
-		if n > r.counted {
-			return nil, fmt.Errorf("%w: refund of %d is more than the %d that limit %v counted", ErrInvalidCost, n, r.counted, limit)
-		}
-		for _, other := range results[:i] {
-			if other.receipt.counted > 0 && sameCount(other.Limit, limit) && other.receipt.window == r.window {
-				// One count given twice would take back more than it counted.
-				return nil, fmt.Errorf("%w: two Results of the same count (limits %v and %v)", ErrInvalidLimit, other.Limit, limit)
-			}
-		}
-		counted = true
-	}
-	if !counted {
-		return nil, fmt.Errorf("%w: the decision counted nothing to refund (denied, a look, degraded, or not this Limiter's)", ErrInvalidCost)
-	}
 	now := l.now().UnixMilli()
-	d := &decision{cost: -n, kind: EventRefund}
+	var limits []Limit
+	var at []window.Position
 	var keys []string
 	for i := range results {
 		r := results[i].receipt
 		if r.counted == 0 {
 			continue
 		}
-		limit := results[i].Limit // checked above: the count it counted in
+		limit := results[i].Limit // checked: the count it counted in
 		p := locate(now, limit)
-		if p.cal != 0 && p.i > r.window || p.cal == 0 && p.i > r.window+max(1, p.subs) {
+		if p.Gone(r.window) {
 			continue // slid out of the span, or the period ended: nothing to give back
 		}
-		p.e, p.i = 0, r.window
-		keys = append(keys, l.appendKeys(nil, id, p)[0])
-		d.limits = append(d.limits, limit)
-		d.spans = append(d.spans, span{at: len(d.spans), pos: p})
+		p.E, p.I = 0, r.window
+		keys = append(keys, l.keys.Append(nil, id, p)[0])
+		limits, at = append(limits, limit), append(at, p)
 	}
 	if len(keys) == 0 {
-		return nil, nil
+		return nil
 	}
-	d.results = results
-	d.reqs = []*script.Request{script.GiveBack(n, keys...)}
-	d.replies = make([]script.Reply, 1)
-	return d, nil
-}
-
-// sendRefund sends d, a refund's give-back, and reports what fails.
-func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error {
-	took, left, err := l.send(ctx, d, id, d.reqs, nil)
-	if l.denied != nil {
-		for i := range d.spans {
-			l.denied.forget(id, d.spans[i].pos)
-		}
-	}
-	if left { // it may yet land: reported if it fails
-		return err
-	}
-	if err != nil {
-		l.onError(ctx, id, err)
-	}
-	if l.observer != nil {
-		l.observe(ctx, d, id, SourceRedis, took, err, err == nil)
-	}
-	if err != nil {
-		return wrap("ratelimit: refund", err)
-	}
-	return nil
+	return l.giveBack(ctx, id, &op{kind: EventRefund, limits: limits, cost: n}, results, at, keys)
 }
 
 // GiveBack gives n back to each of limits for id in its current window
@@ -265,23 +156,46 @@ func (l *Limiter) sendRefund(ctx context.Context, d *decision, id string) error 
 // as Refund: one script call, never resent, observed as a refund, and the
 // deny cache forgets id.
 func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int64) error {
-	d := &decision{limits: limits, kind: EventGiveBack}
-	if err := l.begin(d, id, n); err != nil {
+	if err := l.checkDecision(id, limits, n); err != nil {
 		return err
 	}
 	if err := l.enter(); err != nil {
 		return err
 	}
 	defer l.exit()
-	d.cost = -n
 	now := l.now().UnixMilli()
-	var keys []string
+	at := make([]window.Position, len(limits))
+	keys := make([]string, len(limits))
 	for i, limit := range limits {
-		p := locate(now, limit)
-		d.spans = append(d.spans, span{at: i, pos: p})
-		keys = append(keys, l.appendKeys(nil, id, p)[0])
+		at[i] = locate(now, limit)
+		keys[i] = l.keys.Append(nil, id, at[i])[0]
 	}
-	d.reqs = []*script.Request{script.GiveBack(n, keys...)}
-	d.replies = make([]script.Reply, 1)
-	return l.sendRefund(ctx, d, id)
+	return l.giveBack(ctx, id, &op{kind: EventGiveBack, limits: limits, cost: n}, resultsOf(limits), at, keys)
+}
+
+// giveBack sends o, a refund's or a give-back's, of n from each of keys
+// (at those positions) in one call, and reports what fails; the deny cache
+// forgets id's counts there. results are what the Observer sees.
+func (l *Limiter) giveBack(ctx context.Context, id string, o *op, results []Result, at []window.Position, keys []string) error {
+	var out [1]script.Reply
+	took, left, err := l.call(ctx, id, []*script.Request{script.GiveBack(o.cost, keys...)}, out[:], o)
+	if err == nil {
+		err = out[0].Err
+	}
+	for _, p := range at {
+		l.forgetDenial(id, p)
+	}
+	if left { // it may yet land: reported if it fails
+		return err
+	}
+	if err != nil {
+		l.onError(ctx, id, err)
+	}
+	if l.observer != nil {
+		l.observe(ctx, id, o, results, SourceRedis, took, err, err == nil, false)
+	}
+	if err != nil {
+		return wrap("ratelimit: refund", err)
+	}
+	return nil
 }

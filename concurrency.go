@@ -1,21 +1,15 @@
 // Concurrency limits: Acquire, and a Slot's Release, Extend and Keep. An
-// Acquire is a decision of a request of its own kind (concurrency.lua),
-// carried by the steps every decision takes (send, fail, finish); its
-// failure policy counts in FailLocal's one table (local.go).
+// Acquire is a request of its own kind (concurrency.lua) through the one
+// send; its failure policy counts in FailLocal's table (internal/local).
 
 package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
-	_ "embed" // for the script source
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"strings"
-	"sync"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/local"
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
 
@@ -39,23 +33,6 @@ type Slot struct {
 	Concurrency Concurrency
 
 	held slotHeld // what Release, Extend and Keep need
-}
-
-//go:embed concurrency.lua
-var concurrencySource string
-
-// Validate reports what is wrong with c, as an error that wraps
-// ErrInvalidLimit, or nil.
-func (c Concurrency) Validate() error {
-	switch {
-	case c.Max < 1:
-		return fmt.Errorf("%w: concurrency Max %d is below 1", ErrInvalidLimit, c.Max)
-	case c.Lease < time.Millisecond:
-		return fmt.Errorf("%w: concurrency Lease %v is below 1ms", ErrInvalidLimit, c.Lease)
-	case c.Lease%time.Millisecond != 0:
-		return fmt.Errorf("%w: concurrency Lease %v is not a whole number of ms", ErrInvalidLimit, c.Lease)
-	}
-	return nil
 }
 
 // Acquire takes one of c's slots for id, or says when one may be free. The
@@ -83,68 +60,80 @@ func (l *Limiter) Acquire(ctx context.Context, id string, c Concurrency) (Slot, 
 	if err := l.checkConcurrency(id, c); err != nil {
 		return s, err
 	}
-	d := &decision{slot: &s, cost: 1, kind: EventAcquire}
-	d.reqs = []*script.Request{concurrencyRequest(l.concurrencyKey(id, c.Name), "a", newToken(), c.Max, c.Lease)}
-	d.replies = make([]script.Reply, 1)
-	took, left, err := l.send(ctx, d, id, d.reqs, nil)
-	if left {
+	req := script.Slot(l.keys.Slots(id, c.Name), "a", script.NewToken(), c.Max, c.Lease)
+	o := op{kind: EventAcquire, cost: 1, slot: &s.Concurrency, acquire: req}
+	var out [1]script.Reply
+	took, left, err := l.call(ctx, id, []*script.Request{req}, out[:], &o)
+	switch {
+	case left:
 		return s, err
+	case err != nil:
+		return s, l.failAcquire(ctx, id, &o, &s, took, err)
+	case ctx.Err() != nil: // its caller's ctx ended while Redis answered: no slot for it
+		if out[0].Allowed {
+			l.background(id, script.Release(req), "")
+		}
+		return s, ctx.Err()
 	}
-	if err != nil {
-		return s, l.fail(ctx, d, id, took, err)
-	}
-	d.deriveSlot(l, id)
-	return s, l.finish(ctx, d, id, SourceRedis, took, nil, nil)
-}
-
-// checkConcurrency validates an Acquire of c by id before anything is sent.
-func (l *Limiter) checkConcurrency(id string, c Concurrency) error {
-	if l.t == nil {
-		return ErrNilClient
-	}
-	if id == "" {
-		return fmt.Errorf("%w: id is empty", ErrInvalidID)
-	}
-	return c.Validate()
-}
-
-// concurrencyRequest returns the request of op ("a" acquire, "r" release,
-// "e" extend) for token, on the slots at key: at most max held (an
-// acquire's), each for lease (an acquire's and an extend's).
-func concurrencyRequest(key, op, token string, max int64, lease time.Duration) *script.Request {
-	return &script.Request{Kind: script.KindConcurrency, NLimits: 1, Keys: []string{key},
-		Concurrency: &script.Concurrency{Op: op, Token: token, Max: max, Lease: lease.Milliseconds()}}
-}
-
-// deriveSlot fills d.slot, an Acquire's, from its reply: on the steps'
-// side, d.allowed.
-func (d *decision) deriveSlot(l *Limiter, id string) {
-	s, r := d.slot, &d.replies[0]
-	d.allowed = r.Allowed
+	r := &out[0]
 	s.Acquired, s.InFlight = r.Allowed, r.Counts[0]
 	s.RetryAfter = time.Duration(r.Counts[1]) * time.Millisecond
-	s.Remaining = max(0, s.Concurrency.Max-s.InFlight)
 	if s.Acquired {
-		s.held = d.holding(l, id)
+		s.held = holding(l, id, req)
 		s.held.redis = true
 	}
+	return s, l.finishSlot(ctx, id, &o, &s, s.Acquired, SourceRedis, took, nil, nil)
 }
 
-// holding returns what d, an Acquire of id, holds if it acquired: the
-// key, token and lease it acquired with, whatever becomes of the Slot's
-// exported Concurrency.
-func (d *decision) holding(l *Limiter, id string) slotHeld {
-	r := d.reqs[0]
-	return slotHeld{l: l, id: id, key: r.Keys[0], token: r.Concurrency.Token, lease: time.Duration(r.Concurrency.Lease) * time.Millisecond}
+// failAcquire turns an error from Redis into s, an Acquire's outcome, by
+// the failure policy: FailOpen acquires (holding nothing here), FailClosed
+// does not, FailLocal holds a slot in this process against its share. The
+// call that failed may have taken a slot in Redis all the same: one not
+// acquired here gives it back at once, one acquired when it is released.
+func (l *Limiter) failAcquire(ctx context.Context, id string, o *op, s *Slot, took time.Duration, redisErr error) error {
+	allowed, err := l.onFailure(ctx, id, redisErr)
+	req := o.acquire
+	held := holding(l, id, req)
+	held.maybe = true
+	if l.policy == FailLocal {
+		c := s.Concurrency
+		allowed, s.InFlight, s.RetryAfter = l.local.Acquire(local.Slot{Key: held.key, Token: held.token, Max: c.Max, Lease: c.Lease}, l.now())
+		held.local = true
+	}
+	s.Degraded, s.Acquired = true, allowed
+	switch {
+	case !allowed: // the script may have run: what it may have taken goes back
+		l.background(id, script.Release(req), "")
+	case l.policy != FailClosed:
+		s.held = held
+	}
+	return l.finishSlot(ctx, id, o, s, allowed, SourcePolicy, took, redisErr, err)
 }
 
-// release returns the request that releases what d, an Acquire, may have
-// taken.
-func (d *decision) release() *script.Request {
-	r := *d.reqs[0]
-	c := *r.Concurrency
-	c.Op, r.Concurrency = "r", &c
-	return &r
+// finishSlot is the way out of an Acquire, as finish is of a decision:
+// under shadow mode a full limit refuses nothing (the Slot holds nothing),
+// and the Observer sees it.
+func (l *Limiter) finishSlot(ctx context.Context, id string, o *op, s *Slot, allowed bool, src Source, took time.Duration, redisErr, err error) error {
+	shadowed := l.shadow && !allowed
+	if shadowed { // acquired, holding nothing
+		err = nil
+		s.Acquired, s.RetryAfter, s.held = true, 0, slotHeld{l: l, id: id}
+	}
+	s.Remaining = max(0, s.Concurrency.Max-s.InFlight)
+	if s.held.redis || s.held.local {
+		l.slotsAcquired.Add(1)
+	}
+	if l.observer != nil {
+		l.observe(ctx, id, o, nil, src, took, redisErr, shadowed || allowed, false)
+	}
+	return err
+}
+
+// holding returns what an Acquire of id, whose request is req, holds if it
+// acquired: the key, token and lease it acquired with, whatever becomes of
+// the Slot's exported Concurrency.
+func holding(l *Limiter, id string, req *script.Request) slotHeld {
+	return slotHeld{l: l, id: id, key: req.Keys[0], token: req.Concurrency.Token, lease: time.Duration(req.Concurrency.Lease) * time.Millisecond}
 }
 
 // slotHeld is what Release and Extend need of an Acquired slot: its
@@ -171,7 +160,7 @@ func (s Slot) Release(ctx context.Context) error {
 		return ErrInvalidSlot
 	}
 	l := h.l
-	if h.local && l.local.release(h.key, h.token) {
+	if h.local && l.local.Release(h.key, h.token) {
 		l.slotsReleased.Add(1)
 	}
 	if !h.redis && !h.maybe {
@@ -204,7 +193,7 @@ func (s Slot) Extend(ctx context.Context) error {
 	l := h.l
 	switch {
 	case h.local:
-		if !l.local.extend(h.key, h.token, h.lease, l.now()) {
+		if !l.local.Extend(h.key, h.token, h.lease, l.now()) {
 			return ErrLeaseEnded
 		}
 		return nil
@@ -225,16 +214,18 @@ func (s Slot) Extend(ctx context.Context) error {
 // takes. A failure goes to the error handler, now or, when the caller
 // left, when it comes; but for a release of what a failed acquire may
 // have taken (h not held in Redis), which is best effort.
-func (l *Limiter) slotCall(ctx context.Context, h slotHeld, op string) (script.Reply, error) {
-	report := h.redis || op != "r"
-	d := &decision{quiet: true, unreported: !report}
-	d.reqs = []*script.Request{concurrencyRequest(h.key, op, h.token, 0, h.lease)}
-	d.replies = make([]script.Reply, 1)
-	_, left, err := l.send(ctx, d, h.id, d.reqs, nil)
+func (l *Limiter) slotCall(ctx context.Context, h slotHeld, what string) (script.Reply, error) {
+	report := h.redis || what != "r"
+	var out [1]script.Reply
+	req := script.Slot(h.key, what, h.token, 0, h.lease)
+	_, left, err := l.call(ctx, h.id, []*script.Request{req}, out[:], &op{quiet: true, unreported: !report})
+	if err == nil {
+		err = out[0].Err
+	}
 	if err != nil && !left && report {
 		l.onError(ctx, h.id, err)
 	}
-	return d.replies[0], err
+	return out[0], err
 }
 
 // Keep extends the slot's lease every half lease while the work it guards
@@ -254,112 +245,13 @@ func (s Slot) Keep(ctx context.Context) (release func()) {
 	if !s.held.redis && !s.held.local { // nothing to extend
 		return func() { _ = s.Release(ctx) }
 	}
-	k := s.held.l.keeps.start(ctx, s)
+	l := s.held.l
+	k := l.keeps.Every(&l.work, max(s.held.lease/2, time.Millisecond/2), func() bool {
+		err := s.Extend(ctx)
+		return !errors.Is(err, ErrLeaseEnded) && !errors.Is(err, ErrInvalidSlot)
+	})
 	return func() {
-		s.held.l.keeps.stop(k)
+		k.Stop()
 		_ = s.Release(ctx)
 	}
-}
-
-// keeps are the Slots kept (Slot.Keep) that have not ended: each a timer
-// that extends its lease, which Close stops.
-type keeps struct {
-	mu     sync.Mutex
-	timers map[*keeping]struct{}
-	closed bool
-}
-
-// keeping is one kept Slot's extending.
-type keeping struct {
-	s       Slot
-	ctx     context.Context
-	every   time.Duration
-	next    time.Time // when the next extension is due
-	timer   *time.Timer
-	stopped bool // guarded by keeps.mu
-}
-
-// start starts extending s every half lease.
-func (ks *keeps) start(ctx context.Context, s Slot) *keeping {
-	k := &keeping{s: s, ctx: ctx, every: max(s.held.lease/2, time.Millisecond/2)}
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	if ks.closed {
-		k.stopped = true
-		return k
-	}
-	if ks.timers == nil {
-		ks.timers = map[*keeping]struct{}{}
-	}
-	ks.timers[k] = struct{}{}
-	k.next = time.Now().Add(k.every)
-	k.timer = time.AfterFunc(k.every, func() { ks.extend(k) })
-	return k
-}
-
-// extend extends k's lease, and arms the next extension half a lease
-// after this one was due (at once if that has passed), unless k stopped or
-// its lease ended.
-func (ks *keeps) extend(k *keeping) {
-	ks.mu.Lock()
-	if k.stopped {
-		ks.mu.Unlock()
-		return
-	}
-	k.next = k.next.Add(k.every)
-	ks.mu.Unlock()
-	if err := k.s.Extend(k.ctx); errors.Is(err, ErrLeaseEnded) || errors.Is(err, ErrInvalidSlot) {
-		ks.stop(k)
-		return
-	}
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	if !k.stopped {
-		k.timer.Reset(max(0, time.Until(k.next)))
-	}
-}
-
-// stop ends k's extending.
-func (ks *keeps) stop(k *keeping) {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	k.stopped = true
-	if k.timer != nil {
-		k.timer.Stop()
-	}
-	delete(ks.timers, k)
-}
-
-// close stops every kept Slot's extending, and any to come.
-func (ks *keeps) close() {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	ks.closed = true
-	for k := range ks.timers {
-		k.stopped = true
-		k.timer.Stop()
-	}
-	ks.timers = nil
-}
-
-// concurrencyKey returns the key of id's slots of the concurrency limit
-// named name: prefix:{id}:slots, then :name when it has one, escaped as
-// ids are.
-func (l *Limiter) concurrencyKey(id, name string) string {
-	var b strings.Builder
-	b.Grow(l.tagLen(id) + len(":slots:") + escapedLen(name))
-	l.writeTag(&b, id)
-	b.WriteString(":slots")
-	if name != "" {
-		b.WriteByte(':')
-		writeEscaped(&b, name)
-	}
-	return b.String()
-}
-
-// newToken returns a slot's token: 128 random bits, in hex.
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
 }

@@ -36,8 +36,9 @@
 // the background.
 //
 // Of the go-redis client's options, four matter here. ContextTimeoutEnabled:
-// true lets the client stop at the deadline each decision carries, with no
-// goroutine left waiting on a dead server. A short DialTimeout (go-redis's
+// true lets the client stop at the deadline each decision carries (without
+// it, the Limiter gives the client's sockets that deadline: see
+// WithTimeout). A short DialTimeout (go-redis's
 // default is 5s) bounds a connection attempt to a server that is gone, and
 // DialerRetries: 1 keeps go-redis from dialing it 5 times per call.
 // MaxRetries can be anything: the script is sent as a command go-redis never

@@ -1,6 +1,11 @@
 package ratelimit
 
-import "context"
+import (
+	"context"
+
+	"github.com/slidingwindow/ratelimit/internal/keys"
+	"github.com/slidingwindow/ratelimit/internal/lease"
+)
 
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits
@@ -8,12 +13,12 @@ const MaxLimits = maxLimits
 // The defaults the tests of package ratelimit_test check against.
 const (
 	DefaultBatch = defaultBatch
-	MaxIDLength  = maxIDLength
+	MaxIDLength  = keys.MaxID
 )
 
 // WithFewDeciding has the Limiter's batchers send each decision alone, at
 // once, while no more than n are under way, in place of the transport's
-// default; below 0, none: see BatchAlways.
+// default; 0 or less, none: see BatchAlways.
 func WithFewDeciding(n int) Option {
 	return optionFunc(func(c *config) { c.fewDeciding = n })
 }
@@ -21,41 +26,33 @@ func WithFewDeciding(n int) Option {
 // BatchAlways has the Limiter's batchers batch decisions however few are
 // under way, for tests that need calls of several decisions from few
 // goroutines.
-func BatchAlways() Option { return WithFewDeciding(-1) }
+func BatchAlways() Option { return WithFewDeciding(0) }
 
 // IdleSweeps is how many sweeps give back an idle lease.
-const IdleSweeps = idleSweeps
+const IdleSweeps = lease.IdleSweeps
 
 // SweepLeases runs one sweep of l's leases, as the sweeper does every
-// sweepEvery.
-func SweepLeases(l *Limiter) { l.leases.sweep() }
+// quarter of a second.
+func SweepLeases(l *Limiter) { l.leases.Sweep() }
 
 // DropLeases drops l's leases and give-backs, sending nothing, and waits for
-// its sweeper to end: for a test's cleanup, before its client closes.
+// what l runs in the background, its sweeper too: for a test's cleanup,
+// before its client closes.
 func DropLeases(l *Limiter) {
-	t := l.leases
-	t.mu.Lock()
-	clear(t.entries)
-	t.pending = nil
-	stopped := t.stopped
-	t.mu.Unlock()
-	if stopped != nil {
-		<-stopped
-	}
+	l.leases.Drop()
+	Settle(l)
 }
 
-// SetMaxLeases bounds l's lease table at n, in place of maxLeases.
-func SetMaxLeases(l *Limiter, n int) {
-	l.leases.mu.Lock()
-	l.leases.max = n
-	l.leases.mu.Unlock()
+// WithMaxLeases bounds the Limiter's lease table at n, in place of its
+// default.
+func WithMaxLeases(n int) Option {
+	return optionFunc(func(c *config) { c.maxLeases = n })
 }
 
 // LeaseCount returns how many leases l holds.
 func LeaseCount(l *Limiter) int {
-	l.leases.mu.Lock()
-	defer l.leases.mu.Unlock()
-	return len(l.leases.entries)
+	n, _ := l.leases.Held()
+	return n
 }
 
 // Public returns r without what it carries for Refund: the Result a model,
@@ -77,25 +74,13 @@ func PublicAll(rs []Result) []Result {
 	return out
 }
 
-// SweepByHand keeps l from starting its lease sweeper: the test sweeps with
-// SweepLeases, when it chooses. Call it before l holds a lease.
-func SweepByHand(l *Limiter) {
-	l.leases.mu.Lock()
-	l.leases.manual = true
-	l.leases.mu.Unlock()
+// SweepByHand keeps the Limiter from starting its lease sweeper: the test
+// sweeps with SweepLeases, when it chooses.
+func SweepByHand() Option {
+	return optionFunc(func(c *config) { c.sweepByHand = true })
 }
 
 // Settle waits until the work l does in the background (give-backs,
-// releases, calls whose callers left) has ended, as Close does, without
-// closing l.
-func Settle(l *Limiter) {
-	for {
-		_ = l.bg.Wait(context.Background())
-		if l.t != nil {
-			_ = l.t.Drain(context.Background())
-		}
-		if !l.bg.Busy() {
-			return
-		}
-	}
-}
+// releases, calls whose callers left, the lease sweeper) has ended, as
+// Close does, without closing l.
+func Settle(l *Limiter) { _ = l.work.Wait(context.Background()) }

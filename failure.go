@@ -6,64 +6,74 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync/atomic"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/logs"
+	"github.com/slidingwindow/ratelimit/internal/plan"
 )
 
-// fail turns an error from Redis into a decision by the failure policy:
-// every limit of the decision alike; for an Acquire, its slot.
-func (l *Limiter) fail(ctx context.Context, d *decision, id string, took time.Duration, redisErr error) error {
+// onFailure reports a Redis error of id's call to the error handler, and
+// returns what the failure policy makes of it, unless it decides in this
+// process (FailLocal): whether it allows, and the error the caller gets.
+func (l *Limiter) onFailure(ctx context.Context, id string, redisErr error) (allowed bool, err error) {
 	l.onError(ctx, id, redisErr)
-	var err error
-	switch l.policy {
-	case FailClosed:
-		d.allowed = false
-		err = wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
-	case FailLocal:
-		switch {
-		case d.quotas != nil:
-			l.local.decideMany(d)
-		case d.slot != nil:
-			l.local.acquire(l, id, d)
-		default:
-			l.local.decide(id, d)
-		}
-	default:
-		d.allowed = true
+	if l.policy == FailClosed {
+		return false, wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	}
-	if s := d.slot; s != nil {
-		s.Degraded, s.Acquired = true, d.allowed
-		if !d.allowed { // the script may have run: what it may have taken goes back
-			l.background(id, d.release(), "")
-		} else if l.policy == FailOpen {
-			s.held = d.holding(l, id)
-			s.held.maybe = true
-		}
+	return true, nil
+}
+
+// fail turns an error from Redis into a decision of p (a decision or a
+// look) by the failure policy: every limit alike, or under FailLocal each
+// against its share in this process, all or nothing.
+func (l *Limiter) fail(ctx context.Context, id string, o *op, p *plan.Plan, outs []plan.Out, out []Result, took time.Duration, redisErr error) error {
+	allowed, err := l.onFailure(ctx, id, redisErr)
+	var refused uint32
+	if l.policy == FailLocal {
+		l.local.Decide(p)
+		allowed, refused = p.Derive(false, outs)
+		l.fill(out, outs, p)
 	}
-	for i := range d.results {
-		r := &d.results[i]
+	return l.degrade(ctx, id, o, out, allowed, refused, took, redisErr, err)
+}
+
+// failMany is fail for p, an AllowMany's: under FailLocal each quota
+// against its share, all or nothing.
+func (l *Limiter) failMany(ctx context.Context, id string, o *op, p *plan.Plan, outs []plan.Out, out []Result, took time.Duration, redisErr error) error {
+	allowed, err := l.onFailure(ctx, id, redisErr)
+	var refused uint32
+	if l.policy == FailLocal {
+		l.local.DecideMany(p)
+		allowed, refused = p.DeriveMany(outs)
+		l.fill(out, outs, p)
+	}
+	return l.degrade(ctx, id, o, out, allowed, refused, took, redisErr, err)
+}
+
+// degrade marks out, the Results of a decision the failure policy made,
+// Degraded, with nothing to refund; unless FailLocal counted them, they
+// say allowed, with all of each Rate left, or not; out through finish.
+func (l *Limiter) degrade(ctx context.Context, id string, o *op, out []Result, allowed bool, refused uint32, took time.Duration, redisErr, err error) error {
+	for i := range out {
+		r := &out[i]
 		if l.policy != FailLocal {
-			*r = Result{Allowed: d.allowed, Limit: r.Limit}
-			if d.allowed {
+			*r = Result{Allowed: allowed, Limit: r.Limit}
+			if allowed {
 				r.Remaining = r.Limit.Rate
 			}
 		}
 		r.Degraded, r.receipt = true, receipt{} // counted here, if at all, not in Redis
 	}
-	return l.finish(ctx, d, id, SourcePolicy, took, redisErr, err)
+	return l.finish(ctx, id, o, out, allowed, refused, SourcePolicy, took, redisErr, err)
 }
 
-// logEvery is how often, at most, the default error handler logs.
-const logEvery = 10 * time.Second
-
 // logHandler is the default error handler: it logs through slog's default
-// logger, at most once every logEvery, so that a Redis outage under load
-// gives a line every few seconds rather than one per request. It logs no id:
-// ids are often addresses or API keys.
+// logger, failures at most once every 10 seconds (logs.Limited), so that a
+// Redis outage under load gives a line every few seconds rather than one
+// per request. It logs no id: ids are often addresses or API keys.
 type logHandler struct {
-	now     func() time.Time
-	next    atomic.Int64 // Unix ns before which nothing is logged
-	dropped atomic.Int64 // errors not logged since the last line
+	now func() time.Time
+	logs.Limited
 }
 
 func newLogHandler(now func() time.Time) *logHandler { return &logHandler{now: now} }
@@ -73,12 +83,5 @@ func (h *logHandler) handle(ctx context.Context, _ string, err error) {
 		slog.Default().WarnContext(ctx, "ratelimit: Redis may evict live counts", "error", err)
 		return
 	}
-	now := h.now().UnixNano()
-	next := h.next.Load()
-	if now < next || !h.next.CompareAndSwap(next, now+int64(logEvery)) {
-		h.dropped.Add(1)
-		return
-	}
-	slog.Default().WarnContext(ctx, "ratelimit: Redis failed; the failure policy decided",
-		"error", err, "errors_not_logged", h.dropped.Swap(0))
+	h.Warn(ctx, h.now(), "ratelimit: Redis failed; the failure policy decided", err)
 }

@@ -373,51 +373,59 @@ func TestConnectionRefusedCluster(t *testing.T) {
 	}
 }
 
-// A call the Limiter stopped waiting for, on a client that ignores ctx
-// deadlines (go-redis's default), goes on until its reply comes. That late
-// reply must reach nothing the callers still use: not the requests of the
-// decisions the policy made meanwhile, nor the next batch's. Redis hangs
-// while decisions time out, batched and not, then answers every script it
-// was sent; each decision must be the policy's, and under -race the
-// detector sees the late replies' goroutines read the slice of requests
-// that the next batch would have reused.
+// A call whose caller left, on a client that ignores ctx deadlines
+// (go-redis's default), goes on until its reply comes, within the Limiter's
+// timeout. That late reply must reach nothing the callers still use: not
+// the requests of the decisions made meanwhile, nor the next batch's.
+// Redis hangs while callers whose deadlines are shorter than the
+// Limiter's timeout leave, batched and not, then answers every script it
+// was sent; each caller gets its ctx's error, and under -race the detector
+// sees the late replies' goroutines read the slice of requests that the
+// next batch would have reused. (A call whose caller waits for the
+// Limiter's timeout is no late one: its socket's deadline ends it; see
+// TestSilentServerManyCallers.)
 func TestLateRepliesReachNoDecision(t *testing.T) {
-	const timeout = 50 * time.Millisecond
+	const timeout, deadline = 10 * time.Second, 50 * time.Millisecond
 	srv := redistest.Start(t)
 	limit := ratelimit.PerMinute(1000)
 	ids := []string{"a", "b", "c", "d"}
-	for _, p := range policyCases {
-		t.Run(p.name, func(t *testing.T) {
-			proxy := redistest.StartProxy(t, srv.Addr)
-			client := newClient(t, &redis.Options{Addr: proxy.Addr, MaxRetries: -1})
-			l := ratelimit.New(client, p.with(ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(timeout),
-				ratelimit.WithErrorHandler(func(context.Context, string, error) {}))...)
-			res, err := l.Allow(context.Background(), "warm-up", limit) // the server has the script
-			require.NoError(t, err)
-			require.False(t, res.Degraded)
-			require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
-				"goroutines of earlier calls have ended")
+	proxy := redistest.StartProxy(t, srv.Addr)
+	client := newClient(t, &redis.Options{Addr: proxy.Addr, MaxRetries: -1})
+	l := ratelimit.New(client, ratelimit.WithPrefix(t.Name()), ratelimit.WithTimeout(timeout),
+		ratelimit.WithErrorHandler(func(context.Context, string, error) {}))
+	res, err := l.Allow(context.Background(), "warm-up", limit) // the server has the script
+	require.NoError(t, err)
+	require.False(t, res.Degraded)
+	require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
+		"goroutines of earlier calls have ended")
 
-			proxy.Hang()
-			var failed firstError
-			var wg sync.WaitGroup
-			for g := range 16 {
-				wg.Go(func() {
-					for i := range 4 {
-						res, err := l.Allow(context.Background(), ids[(g+i)%len(ids)], limit)
-						failed.report(p.degraded(limit, res, err))
-					}
-				})
+	proxy.Hang()
+	var failed firstError
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 4 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				_, err := l.Allow(ctx, ids[(g+i)%len(ids)], limit)
+				cancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					failed.report(fmt.Errorf("a caller that left got %v, not its ctx's error", err))
+				}
 			}
-			wg.Wait()
-			left := watchGoroutines()
-			proxy.Resume() // the late replies come now
-			require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
-				"the calls the Limiter stopped waiting for end with their replies")
-			require.NoError(t, failed.get())
-			require.Positive(t, left, "calls went on after the Limiter stopped waiting")
-			t.Logf("%d calls outlived their deadline", left)
 		})
+	}
+	wg.Wait()
+	left := watchGoroutines()
+	proxy.Resume() // the late replies come now
+	require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, time.Millisecond,
+		"the calls whose callers left end with their replies")
+	require.NoError(t, failed.get())
+	require.Positive(t, left, "calls went on after their callers left")
+	t.Logf("%d calls outlived their callers", left)
+	for _, id := range ids { // what came late reached no decision made since
+		res, err := l.Peek(context.Background(), id, limit)
+		require.NoError(t, err)
+		require.False(t, res.Degraded)
 	}
 }
 

@@ -497,7 +497,8 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 // answers, more than the client's pool holds, twice over: every call returns
 // within the Limiter's timeout (requireLatencies), not the client's own
 // (30s), under every policy, whether or not the client stops at ctx
-// deadlines itself, and is decided by the policy.
+// deadlines itself, and is decided by the policy, on its caller's
+// goroutine: none is left waiting on the client.
 func TestSilentServerManyCallers(t *testing.T) {
 	const (
 		callers = 64
@@ -533,18 +534,10 @@ func TestSilentServerManyCallers(t *testing.T) {
 				require.NoError(t, failed.get())
 				requireLatencies(t, took[:], timeout, "callers of a silent server")
 				require.Equal(t, int64(callers*waves), handled.Load())
-				left := watchGoroutines()
-				if !ctxAware {
-					// The Limiter stopped waiting; the client has not: its
-					// reads end at its ReadTimeout, or when it is closed.
-					require.Positive(t, left, "goroutines still waiting on the client")
-				} else {
-					require.Zero(t, left, "a client that stops at ctx needs no watch")
-				}
+				// Neither client's calls are watched: go-redis's default one's
+				// go through sockets whose deadlines are the Limiter's.
+				require.Zero(t, watchGoroutines(), "no goroutine waits on the client")
 				require.NoError(t, client.Close())
-				require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 10*time.Second, 10*time.Millisecond,
-					"goroutines left by timed-out decisions end once the client is closed")
-				t.Logf("%d calls, %d goroutines left waiting on the client until it closed", callers*waves, left)
 			})
 		}
 	}

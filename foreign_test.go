@@ -59,7 +59,7 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f redistest.Fo
 	l := New(client, WithClock(clk.Now), WithPrefix(t.Name()), WithTimeout(time.Minute), WithFailurePolicy(FailClosed),
 		WithErrorHandler(func(_ context.Context, _ string, err error) { handled = append(handled, err) }))
 	pos := locate(clk.Now().UnixMilli(), limit)
-	keys := l.appendKeys(nil, "bad", pos)
+	keys := l.keys.Append(nil, "bad", pos)
 	// the current window's key, and an older one that the limit still reads
 	for _, key := range []string{keys[0], keys[len(keys)-1]} {
 		t.Run(fmt.Sprint("key ", key[len(key)-2:]), func(t *testing.T) {

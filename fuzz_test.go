@@ -16,8 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
+	"github.com/slidingwindow/ratelimit/internal/keys"
 	"github.com/slidingwindow/ratelimit/internal/redistest"
 	"github.com/slidingwindow/ratelimit/internal/script"
+	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // fuzzEscape spells out the documented escaping of ids and prefixes in
@@ -70,10 +72,10 @@ func FuzzKeys(f *testing.F) {
 		if id == "" || id2 == "" || w < 1 || i == math.MinInt64 {
 			t.Skip("not a decision's input: ids are non-empty, windows at least 1ms, and the index has a previous one")
 		}
-		if len(id) > maxIDLength || len(id2) > maxIDLength {
+		if len(id) > keys.MaxID || len(id2) > keys.MaxID {
 			t.Skip("ids longer than maxIDLength are keyed by a digest: see the LongIDKeys semantic test")
 		}
-		keys := New(client, WithPrefix(prefix)).appendKeys(nil, id, position{w: w, i: i})
+		keys := New(client, WithPrefix(prefix)).keys.Append(nil, id, window.Position{W: w, I: i})
 		cur, prev := keys[0], keys[1]
 
 		head := fuzzEscape.Replace(prefix) + ":{" + fuzzEscape.Replace(id) + "}:" + strconv.FormatInt(w, 10) + ":"
@@ -94,7 +96,7 @@ func FuzzKeys(f *testing.F) {
 			t.Fatalf("keys %q and %q have tags %q and %q: two slots", cur, prev, tag, prevTag)
 		}
 
-		other := New(client, WithPrefix(prefix2)).appendKeys(nil, id2, position{w: w, i: i})[0]
+		other := New(client, WithPrefix(prefix2)).keys.Append(nil, id2, window.Position{W: w, I: i})[0]
 		if same := id == id2 && prefix == prefix2; same != (cur == other) {
 			t.Fatalf("(%q, %q) and (%q, %q): keys %q and %q", prefix, id, prefix2, id2, cur, other)
 		}
@@ -112,7 +114,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int64(-1), int64(math.MaxInt64), int64(math.MinInt64))
 	limit := Limit{Rate: math.MaxInt64 / 1000, Window: time.Second}
 	f.Fuzz(func(t *testing.T, flag, cur, prev int64) {
-		r := &script.Request{Cost: 1, NLimits: 1, Keys: []string{"a", "b"}, Limits: []script.LimitArgs{newLimitArgs(limit, locate(0, limit))}}
+		r := &script.Request{Cost: 1, NLimits: 1, Keys: []string{"a", "b"}, Limits: []script.LimitArgs{script.Args(limit.Rate, locate(0, limit))}}
 		out := make([]script.Reply, 1)
 		err := script.Decode([]int64{flag, cur, prev}, []*script.Request{r}, out)
 		if err != nil {
@@ -303,7 +305,7 @@ func FuzzParseLimit(f *testing.F) {
 			}
 			// a zone is loaded again: the same by name, not by pointer
 			again, err := ParseLimit(l.String())
-			if err == nil && zoneName(again.Location) == zoneName(l.Location) {
+			if err == nil && window.ZoneName(again.Location) == window.ZoneName(l.Location) {
 				again.Location = l.Location
 			}
 			if err != nil || again != l {

@@ -207,9 +207,7 @@ func leasing(t *testing.T, e env, opts ...ratelimit.Option) *ratelimit.Limiter {
 // SweepLeases, so that nothing gives back behind its back between a step
 // and what it reads of Redis.
 func leasingByHand(t *testing.T, e env, opts ...ratelimit.Option) *ratelimit.Limiter {
-	l := leasing(t, e, opts...)
-	ratelimit.SweepByHand(l)
-	return l
+	return leasing(t, e, append(opts, ratelimit.SweepByHand())...)
 }
 
 // hookedLimiter returns leasing's Limiter on e's client, hooked to count
@@ -435,8 +433,7 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 
 	t.Run("ResetDropsWaitingGiveBacks", func(t *testing.T) {
 		e := mk(t)
-		l := leasingByHand(t, e)
-		ratelimit.SetMaxLeases(l, 1)
+		l := leasingByHand(t, e, ratelimit.WithMaxLeases(1))
 		allowTimes(t, l, "a", leased, 2)    // leases of 1, then 2: one unit left
 		_, err := l.Allow(ctx, "b", leased) // evicts a's lease: its unit waits to go back
 		require.NoError(t, err)
@@ -513,9 +510,8 @@ func count(got []ratelimit.Source, s ratelimit.Source) int {
 func TestLeaseTableBounded(t *testing.T) {
 	t.Parallel()
 	e := miniredisEnv(t)
-	l := leasingByHand(t, e)
 	const max, ids = 20, 70
-	ratelimit.SetMaxLeases(l, max) // as 10,000 would, sooner
+	l := leasingByHand(t, e, ratelimit.WithMaxLeases(max)) // as 10,000 would, sooner
 	ctx := context.Background()
 	limit := ratelimit.Limit{Rate: 1000, Window: time.Minute, Leased: true}
 	for i := range ids {

@@ -5,14 +5,21 @@ package ratelimit
 import (
 	"context"
 	"math"
-	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/denycache"
 	"github.com/slidingwindow/ratelimit/internal/group"
+	"github.com/slidingwindow/ratelimit/internal/keys"
+	"github.com/slidingwindow/ratelimit/internal/lease"
+	"github.com/slidingwindow/ratelimit/internal/local"
+	"github.com/slidingwindow/ratelimit/internal/plan"
 	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/transport"
+	"github.com/slidingwindow/ratelimit/internal/window"
 )
 
 // InfDuration is the RetryAfter of a request that would never be allowed:
@@ -26,11 +33,14 @@ import (
 // == InfDuration, not against x/time/rate's.
 const InfDuration = time.Duration(math.MaxInt64 - (time.Second - 1))
 
+// The wait of what never happens is the same in the arithmetic's model.
+var _ = [1]struct{}{}[InfDuration-window.Never]
+
 // maxLimits is the most limits AllowAll and PeekAll take in one call. Each
 // limit adds its keys and four arguments to the one script call; real plans
 // have two to four limits, and more than maxLimits is a mistake to report
 // rather than a slow call to make.
-const maxLimits = 16
+const maxLimits = plan.MaxLimits
 
 // Result is the outcome of one decision against one limit.
 //
@@ -103,12 +113,6 @@ type receipt struct {
 	refill time.Duration
 }
 
-// newReceipt returns the receipt of n counted by limit at p, whose count
-// would fall after refill.
-func newReceipt(limit Limit, p position, n int64, refill time.Duration) receipt {
-	return receipt{window: p.i, counted: n, ms: limit.Window.Milliseconds(), strict: limit.Strict, cal: limit.Calendar, loc: limit.Location, refill: refill}
-}
-
 // RefillAfter returns, for a Result whose limit counted the request, the
 // shortest wait after which Count would fall, so that Remaining grows, if
 // no other traffic came, exact to the millisecond: for a sliding window
@@ -121,12 +125,6 @@ func newReceipt(limit Limit, p position, n int64, refill time.Duration) receipt 
 // 0 for a Result that counted nothing (a denial, a Peek, a Degraded
 // decision), which carries nothing unexported.
 func (r Result) RefillAfter() time.Duration { return r.receipt.refill }
-
-// of reports whether the receipt was counted in limit's count.
-func (r *receipt) of(limit Limit) bool {
-	return limit.Window.Milliseconds() == r.ms && limit.Strict == r.strict &&
-		limit.Calendar == r.cal && (r.cal == 0 || zoneName(limit.Location) == zoneName(r.loc))
-}
 
 // Binding returns the Result that decided: when denied, the one with the
 // longest RetryAfter (InfDuration, "never", is the longest); when
@@ -172,18 +170,14 @@ func better(r, b Result) bool {
 // Close it when the process is done with it, after the servers that call
 // it have stopped (http.Server.Shutdown): Close gives back what its leases
 // (Limit.Leased) hold unused, which would otherwise count in Redis until
-// their windows end, and waits for its goroutines. Some of those outlive a
-// call for a while: with a client that ignores ctx deadlines (go-redis's
-// default), a call that timed out waits until the client's ReadTimeout;
-// with batching, the goroutine sending a batch ends when no request is
-// waiting; the first successful call to each server starts one that looks
-// up its eviction policy, within a second; give-backs and the failure
-// reports of calls whose callers left go on after their calls; and while
-// the Limiter holds leases, one gives back what goes unused, and ends about
-// a second after the last leased decision.
+// their windows end, and waits for its goroutines: batches in flight,
+// give-backs and the calls of callers who left (each within the Limiter's
+// timeout), the look at each server's eviction policy (within a second),
+// and while the Limiter holds leases, the one that gives back what goes
+// unused.
 type Limiter struct {
 	serial      uint64 // tells its Results from another Limiter's, for Refund
-	keyPrefix   string // the prefix, escaped, then ":{"
+	keys        keys.Keys
 	now         func() time.Time
 	policy      FailurePolicy
 	onError     func(ctx context.Context, id string, err error)
@@ -192,28 +186,31 @@ type Limiter struct {
 	observer    Observer
 	observeIDs  bool
 	t           *transport.Transport // nil for a nil client
-	denied      *denyCache           // nil unless WithDenyCache
-	local       *localWindows        // nil unless FailLocal
-	leases      *leaseTable
-	keeps       keeps // Slot.Keep's extensions
+	denied      *denycache.Cache     // nil unless WithDenyCache
+	local       *local.Windows       // nil unless FailLocal
+	leases      *lease.Table
+	keeps       group.Repeats // Slot.Keep's extensions
 	// slotsAcquired and slotsReleased count Acquire's slots and their
 	// Releases, for Stats.
 	slotsAcquired, slotsReleased atomic.Int64
-	// sleep pauses Wait between tries; tests replace it to move a fake clock.
+	// sleep pauses Wait between tries (WithSleep).
 	sleep func(ctx context.Context, d time.Duration) error
 
-	// closed is set by Close; closing is canceled then, ending Wait's
-	// sleeps. ops counts the calls under way, which Close waits for, on a
-	// cache line of its own (every call writes it; the fields above are
-	// read by every call); bg the goroutines of the Limiter's own
-	// (give-backs, releases).
-	closed  atomic.Bool
-	closing context.Context
-	cancel  context.CancelFunc
-	bg      group.Group
-	_       [64]byte
-	ops     group.Group
-	_       [64]byte
+	// The Limiter's life, which Close ends: closed is set and quit
+	// canceled by Close, ending Wait's sleeps, the lease sweeper and
+	// Slot.Keep's extensions; done is closed once a Close has ended
+	// everything. work counts everything under way, the calls that may
+	// reach Redis and every goroutine the Limiter starts (its transport's
+	// too), on a cache line of its own: every call writes it, and the
+	// fields above are read by every call.
+	closed   atomic.Bool
+	quit     context.Context
+	stop     context.CancelFunc
+	done     chan struct{}
+	doneOnce sync.Once
+	_        [64]byte
+	work     group.Group
+	_        [64]byte
 }
 
 // limiters numbers the Limiters of the process.
@@ -227,12 +224,13 @@ var limiters atomic.Uint64
 // New knows those client types by their concrete type: batching applies to
 // a *redis.Client (a failover client is one) and a *redis.ClusterClient,
 // and the Limiter leaves its deadlines to a *redis.Client, ClusterClient or
-// Ring whose ContextTimeoutEnabled is set. A client of any other type (a
-// UniversalClient of your own that wraps one) is used as it is: no
-// batching, and each decision's deadline watched from a goroutine. New
-// adds a go-redis hook to the client (for a Cluster or a Ring, to its
-// nodes' clients) that records dial errors, so that a timeout can name the
-// last one; it does nothing else to a command.
+// Ring whose ContextTimeoutEnabled is set, and to the socket deadlines of a
+// *redis.Client whose ContextTimeoutEnabled is not (see WithTimeout). A
+// client of any other type (a UniversalClient of your own that wraps one)
+// is used as it is: no batching, and each decision's deadline watched from
+// a goroutine. New adds a go-redis hook to the client (for a Cluster or a
+// Ring, to its nodes' clients) that records dial errors, so that a timeout
+// can name the last one; it does nothing else to a command.
 func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {
@@ -242,55 +240,61 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	}
 	l := &Limiter{
 		serial:     limiters.Add(1),
-		keyPrefix:  keyPrefixFor(cfg.prefix),
+		keys:       keys.New(cfg.prefix),
 		now:        cfg.now,
 		policy:     cfg.policy,
 		onError:    cfg.onError,
 		shadow:     cfg.shadow,
 		observer:   cfg.observer,
 		observeIDs: cfg.observeIDs,
-		sleep:      sleepCtx,
+		sleep:      cfg.sleep,
+		done:       make(chan struct{}),
 	}
-	l.closing, l.cancel = context.WithCancel(context.Background())
+	l.quit, l.stop = context.WithCancel(context.Background())
 	if cfg.countDenied {
 		l.countDenied = script.ModeCountDenied
 	}
-	l.leases = newLeaseTable(l)
 	if cfg.denyMax > 0 && !cfg.countDenied {
-		l.denied = newDenyCache(cfg.denyMax)
+		l.denied = denycache.New(cfg.denyMax)
 	}
 	if cfg.policy == FailLocal {
-		l.local = newLocalWindows(cfg.replicas)
+		l.local = local.New(cfg.replicas)
 	}
 	if l.onError == nil {
 		l.onError = newLogHandler(time.Now).handle // real time: WithClock's may stand still
 	}
-	if !isNil(client) {
+	if !transport.IsNil(client) {
 		l.t = transport.New(client, transport.Config{
-			Script:          slidingWindowSource,
-			Concurrency:     concurrencySource,
 			Timeout:         cfg.timeout,
 			MaxBatch:        cfg.batchMax,
+			FewDeciding:     cfg.fewDeciding,
 			BreakerFailures: cfg.breakerFailures,
 			BreakerCooldown: cfg.breakerCooldown,
-			FewDeciding:     cfg.fewDeciding,
 			Warn:            func(err error) { l.onError(context.Background(), "", err) },
+			Work:            &l.work,
 		})
 	}
+	l.leases = lease.New(lease.Config{
+		Send: l.t.Do, // not called without a client
+		Report: func(ctx context.Context, id string, err error) {
+			l.onError(ctx, id, wrap("ratelimit: giving back a lease", err))
+		},
+		Forget: l.forgetDenial,
+		Now:    func() int64 { return l.now().UnixMilli() },
+		Go:     l.work.Go,
+		Quit:   l.quit.Done(),
+		Max:    cfg.maxLeases,
+		Manual: cfg.sweepByHand,
+	})
 	return l
 }
 
-// isNil reports whether client is nil, or a nil pointer of some client type.
-func isNil(client redis.UniversalClient) bool {
-	if client == nil {
-		return true
+// forgetDenial drops what the deny cache holds of id's count at p, if
+// there is a deny cache.
+func (l *Limiter) forgetDenial(id string, p window.Position) {
+	if l.denied != nil {
+		l.denied.Forget(id, p)
 	}
-	v := reflect.ValueOf(client)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return v.IsNil()
-	}
-	return false
 }
 
 // Allow is shorthand for AllowN(ctx, id, limit, 1).
@@ -308,7 +312,10 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // limit.Rate is denied with RetryAfter InfDuration; one above 2^53, more
 // than any Rate, is ErrInvalidCost.
 func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
-	return l.decideOne(ctx, id, limit, n)
+	var o one
+	p := o.Plan()
+	err := l.decide(ctx, id, o.of(limit), n, &p, o.Outs[:], o.results[:])
+	return o.results[0], err
 }
 
 // AllowAll decides a request of cost n by id against every limit at once. It
@@ -326,9 +333,9 @@ func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (
 // Strict (they would share a count), naming both. Results then has one
 // zero-valued Result per limit but for its Limit.
 func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int64) ([]Result, error) {
-	d := &decision{limits: limits}
-	err := l.decide(ctx, d, id, n)
-	return d.results, err
+	out := resultsOf(limits)
+	err := l.decide(ctx, id, limits, n, newPlan(len(limits)), make([]plan.Out, len(limits)), out)
+	return out, err
 }
 
 // Peek reports where id stands against limit without counting anything:
@@ -337,7 +344,10 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int
 // are as for AllowN. For a Leased limit, a lease held with a unit left
 // answers without Redis, as a decision from it would count.
 func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
-	return l.lookOne(ctx, id, limit)
+	var o one
+	p := o.Plan()
+	err := l.look(ctx, id, o.of(limit), &p, o.Outs[:], o.results[:])
+	return o.results[0], err
 }
 
 // PeekAll reports where id stands against each limit, writing nothing:
@@ -345,9 +355,9 @@ func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, err
 // 0; Allowed and RetryAfter are what a cost-1 AllowAll would get now. Errors
 // are as for AllowAll.
 func (l *Limiter) PeekAll(ctx context.Context, id string, limits []Limit) ([]Result, error) {
-	d := &decision{limits: limits}
-	err := l.look(ctx, d, id)
-	return d.results, err
+	out := resultsOf(limits)
+	err := l.look(ctx, id, limits, newPlan(len(limits)), make([]plan.Out, len(limits)), out)
+	return out, err
 }
 
 // Reset forgets id's usage of limit: it deletes the keys of its current and
@@ -363,20 +373,19 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 		return err
 	}
 	defer l.exit()
-	if err := l.check(id, limit, 1); err != nil {
+	if err := l.checkDecision(id, []Limit{limit}, 1); err != nil {
 		return err
 	}
 	pos := locate(l.now().UnixMilli(), limit)
-	keys := l.appendKeys(nil, id, pos)
-	d := &decision{quiet: true}
-	d.reqs = []*script.Request{{Kind: script.KindDelete, Keys: keys}}
-	d.replies = make([]script.Reply, 1)
-	_, _, err := l.send(ctx, d, id, d.reqs, nil)
-	if l.denied != nil {
-		l.denied.forget(id, pos)
-	}
-	l.leases.forget(id, pos, keys)
+	keys := l.keys.Append(nil, id, pos)
+	var out [1]script.Reply
+	_, left, err := l.call(ctx, id, []*script.Request{{Kind: script.KindDelete, Keys: keys}}, out[:], &op{quiet: true})
+	l.forgetDenial(id, pos)
+	l.leases.Forget(id, pos, keys)
 	if err != nil {
+		if !left { // a caller who left hears of it when it comes (see late)
+			l.onError(ctx, id, err)
+		}
 		return wrap("ratelimit: reset", err)
 	}
 	return nil
@@ -424,11 +433,9 @@ func (l *Limiter) Stats() Stats {
 	}
 	s.SlotsAcquired, s.SlotsReleased = l.slotsAcquired.Load(), l.slotsReleased.Load()
 	if l.denied != nil {
-		s.DenyCacheEntries = l.denied.table.size()
+		s.DenyCacheEntries = l.denied.Size()
 	}
-	if l.leases != nil {
-		s.Leases, s.LeasedUnits = l.leases.held()
-		s.LeaseUnitsGivenBack, s.LeaseUnitsLost = l.leases.givenBack.Load(), l.leases.lost.Load()
-	}
+	s.Leases, s.LeasedUnits = l.leases.Held()
+	s.LeaseUnitsGivenBack, s.LeaseUnitsLost = l.leases.GivenBack(), l.leases.Lost()
 	return s
 }

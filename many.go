@@ -1,15 +1,16 @@
 // AllowMany: one request against the limits of several ids, all or nothing,
-// and its path (validate, build per hash slot, send, give back on a Cluster,
-// derive, finish).
+// and its path (validate, place, serve from leases, build per hash slot,
+// deny from the cache, send, give back on a Cluster, derive, finish).
 
 package ratelimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/lease"
+	"github.com/slidingwindow/ratelimit/internal/plan"
 	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 )
@@ -19,7 +20,8 @@ import (
 type Quota struct {
 	// ID is the client the limit is counted for.
 	ID string
-	// Limit is the limit; a Leased one is refused (see AllowMany).
+	// Limit is the limit; a Leased one is decided from a lease of ID's
+	// (see AllowMany).
 	Limit Limit
 	// Cost is what the request counts against Limit for ID, from 0 to
 	// 2^53. A Cost of 0 counts nothing, and refuses the request only when
@@ -49,9 +51,11 @@ type Quota struct {
 // of one Envoy domain or one tenant, say, put together in one id.
 //
 // AllowMany takes at most 16 quotas, two of one ID only if their windows
-// differ (as AllowAll's limits), none Leased (a lease belongs to one id;
-// decide Leased limits with Allow, AllowN or AllowAll), and an empty list
-// is ErrInvalidLimit. The deny cache (WithDenyCache) answers for it as for
+// differ (as AllowAll's limits), and an empty list is ErrInvalidLimit. A
+// Leased quota of a Cost of 1 or more is decided from this process's lease
+// of its ID and limit, as AllowN would: when every quota is Leased and
+// each lease holds its Cost, the decision takes no Redis call; a request
+// that another quota refuses gives back to each lease what it took. The deny cache (WithDenyCache) answers for it as for
 // AllowAll, from what Redis reported of each ID, and WithCountDenied does
 // not apply: a refused request counts nothing. When
 // Redis fails, the failure policy decides every quota alike; FailLocal
@@ -60,185 +64,116 @@ type Quota struct {
 // ID's Results under that ID. An Observer sees one Event, whose ID (with
 // WithObserverIDs) is the first quota's and whose Cost is the largest.
 func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, error) {
-	d := &decision{quotas: quotas, limits: make([]Limit, len(quotas))}
-	for i := range quotas {
-		d.limits[i] = quotas[i].Limit
-	}
-	err := l.decideMany(ctx, d)
-	return d.results, err
-}
-
-// decideMany makes d, a decision of d.quotas: the steps of decide, with a
-// request per hash slot (see buildMany) and on a Cluster the give-backs of
-// the hash slots that counted when another refused.
-func (l *Limiter) decideMany(ctx context.Context, d *decision) error {
-	d.results = make([]Result, len(d.quotas))
-	for i, q := range d.quotas {
-		d.results[i].Limit = q.Limit
-		d.cost = max(d.cost, q.Cost)
+	out := make([]Result, len(quotas))
+	limits := make([]Limit, len(quotas))
+	for i, q := range quotas {
+		out[i].Limit, limits[i] = q.Limit, q.Limit
 	}
 	if err := l.enter(); err != nil {
-		return err
+		return out, err
 	}
 	defer l.exit()
-	if err := l.checkMany(d.quotas); err != nil {
-		return err
+	if err := l.checkMany(quotas); err != nil {
+		return out, err
 	}
-	id := d.quotas[0].ID // for the error handler and the Observer
-	groups := l.buildMany(d, l.now().UnixMilli())
-	if l.denied != nil && l.denied.deny(id, d) {
-		d.deriveMany()
-		return l.finish(ctx, d, id, SourceCache, 0, nil, nil)
+	id := quotas[0].ID // for the error handler and the Observer
+	o := op{limits: limits}
+	p := newPlan(len(quotas))
+	now := l.now().UnixMilli()
+	leased := false
+	for i, q := range quotas {
+		lease := q.Limit.Leased && q.Cost > 0 // a quota of 0 takes no lease
+		p.Spans[i] = plan.Span{ID: q.ID, Rate: q.Limit.Rate, Cost: q.Cost, Shadow: q.Limit.Shadow, Pos: locate(now, q.Limit), Lease: lease}
+		o.cost = max(o.cost, q.Cost)
+		leased = leased || lease
+	}
+	outs := make([]plan.Out, len(quotas))
+	if leased && l.leases.ServePlan(p, false) {
+		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
+	}
+	var taken *lease.Taken
+	if leased {
+		var gives []*script.Request
+		taken, gives = l.leases.TakePlan(p)
+		l.leases.Later(id, gives) // of other ids' slots, maybe: not in this call
+	}
+	groups := p.BuildMany(l.keys, l.slotOf())
+	if l.denied != nil && l.denied.Deny(p, true) {
+		if leased {
+			taken.Settle(p, false)
+		}
+		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceCache, 0)
 	}
 	var took time.Duration
 	var left bool
 	var err error
 	if len(groups) == 1 {
-		took, left, err = l.send(ctx, d, id, d.reqs, nil)
+		took, left, err = l.sendPlan(ctx, id, p, p.Reqs, nil, &o)
 	} else {
-		took, left, err = l.sendGroups(ctx, d, id, groups)
-	}
-	if left {
-		return err
+		took, left, err = l.sendGroups(ctx, id, p, groups, &o)
 	}
 	if err != nil {
-		return l.fail(ctx, d, id, took, err)
+		if leased {
+			taken.Settle(p, false)
+		}
+		if left {
+			return out, err
+		}
+		return out, l.failMany(ctx, id, &o, p, outs, out, took, err)
 	}
-	d.absorb()
+	p.Absorb()
+	if leased {
+		taken.Settle(p, true)
+	}
 	if l.denied != nil {
-		l.denied.record(id, d)
+		l.denied.Record(p, 0)
 	}
-	d.deriveMany()
-	return l.finish(ctx, d, id, SourceRedis, took, nil, nil)
+	return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceRedis, took)
 }
 
-// checkMany validates the quotas of AllowMany before anything is sent.
-func (l *Limiter) checkMany(quotas []Quota) error {
-	if l.t == nil {
-		return ErrNilClient
-	}
-	if err := checkLen(len(quotas), "quotas"); err != nil {
-		return err
-	}
-	for i, q := range quotas {
-		if err := validate(q.ID, q.Limit, 1); err != nil { // the id and the limit: a Cost of 0 is valid here
-			return wrap(fmt.Sprintf("ratelimit: quota %d", i), err)
-		}
-		if q.Limit.Leased {
-			return fmt.Errorf("%w: limit %v of quota %d is Leased, which AllowMany does not lease: decide it with AllowN or AllowAll", ErrInvalidLimit, q.Limit, i)
-		}
-		if q.Cost < 0 || q.Cost > script.MaxCount {
-			return fmt.Errorf("%w: cost %d of quota %d is not between 0 and 2^53", ErrInvalidCost, q.Cost, i)
-		}
-		for j, o := range quotas[:i] {
-			if o.ID == q.ID && sameCount(o.Limit, q.Limit) {
-				return fmt.Errorf("%w: quotas %d and %d have the same id and window (%v and %v), and would share one count", ErrInvalidLimit, j, i, o.Limit, q.Limit)
-			}
-		}
+// slotOf returns the hash slot of a key on a Redis Cluster, whose keys of
+// different slots cannot be in one script call; nil on one Redis.
+func (l *Limiter) slotOf() func(key string) int {
+	if l.t.Cluster() {
+		return transport.HashSlot
 	}
 	return nil
 }
 
-// buildMany places d's quotas on the clock at Unix ms now and makes their
-// requests: per hash slot (one for all but on a Cluster), one request of
-// its enforced quotas and one for each Shadow quota. Each request
-// is of ModeLease, in which each limit counts its own need: a quota's
-// Cost, or for a Cost of 0 nothing, admitted while its usage is at most
-// its rate (asked as a need of 1 against a rate one higher); or, when
-// every quota has one cost of 1 or more, of ModeCount with that cost, a
-// shorter call. It returns
-// the requests of each hash slot, as indexes into d.reqs, the first one's
-// first.
-func (l *Limiter) buildMany(d *decision, now int64) [][]int {
-	d.spans = make([]span, len(d.quotas))
-	cluster := l.t.Cluster()
-	var groups [][]int
-	groupOf := map[int]int{}  // hash slot -> index in groups
-	enforced := map[int]int{} // hash slot -> its enforced request, in d.reqs
-	for i, q := range d.quotas {
-		s := &d.spans[i]
-		*s = span{at: i, rate: q.Limit.Rate, shadow: q.Limit.Shadow, pos: locate(now, q.Limit)}
-		keys := l.appendKeys(nil, q.ID, s.pos)
-		hash := 0
-		if cluster {
-			hash = transport.HashSlot(keys[0])
-		}
-		g, ok := groupOf[hash]
-		if !ok {
-			g = len(groups)
-			groupOf[hash] = g
-			groups = append(groups, nil)
-		}
-		r, ok := enforced[hash]
-		if q.Limit.Shadow || !ok {
-			r = len(d.reqs)
-			d.reqs = append(d.reqs, &script.Request{Cost: 1, Mode: script.ModeLease})
-			groups[g] = append(groups[g], r)
-			if !q.Limit.Shadow {
-				enforced[hash] = r
-			}
-		}
-		req := d.reqs[r]
-		a := newLimitArgs(q.Limit, s.pos)
-		a.Need, a.Most = q.Cost, q.Cost
-		if q.Cost == 0 {
-			a.Rate, a.Need = a.Rate+1, 1 // admitted while usage <= rate; counts nothing
-		}
-		req.Cost = max(req.Cost, q.Cost)
-		s.req, s.arg, s.first = r, len(req.Limits), len(req.Keys)
-		req.Limits = append(req.Limits, a)
-		req.Keys = append(req.Keys, keys...)
-		req.NLimits++
-	}
-	d.replies = make([]script.Reply, len(d.reqs))
-	if same := d.sameCost(); same > 0 { // every limit counts the request's cost: no need or most to send
-		for _, req := range d.reqs {
-			req.Mode, req.Cost = script.ModeCount, same
-		}
-	}
-	return groups
-}
-
-// sameCost returns the cost every quota of d shares, when it is at least 1;
-// else 0.
-func (d *decision) sameCost() int64 {
-	c := d.quotas[0].Cost
-	for _, q := range d.quotas[1:] {
-		if q.Cost != c {
-			return 0
-		}
-	}
-	return c
+// derivedMany derives the outcomes of p, an AllowMany answered, fills out
+// with them, and finishes.
+func (l *Limiter) derivedMany(ctx context.Context, id string, o *op, p *plan.Plan, outs []plan.Out, out []Result, src Source, took time.Duration) error {
+	allowed, refused := p.DeriveMany(outs)
+	l.fill(out, outs, p)
+	return l.finish(ctx, id, o, out, allowed, refused, src, took, nil, nil)
 }
 
 // sendGroups sends the requests of each of groups, the hash slots of a
-// Cluster, in calls of their own at once, and puts their replies in
-// d.replies. If some group's enforced request was refused, or failed, the
-// enforced requests of the others that counted give back what they
-// counted, in the background (see giveBackMany). It returns how long the
-// calls took (for the Observer), and the first group's error; left when the
-// caller left before some group answered (there is no decision then: what
-// that group's call counts, if it lands, stays until its window slides
-// out, as a decision's whose caller left).
-func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups [][]int) (took time.Duration, left bool, err error) {
+// Cluster, in calls of their own at once (but those decided from leases),
+// and puts their replies in p.Replies. If some group's enforced request
+// was refused, or failed, the enforced requests of the others that counted
+// give back what they counted, in the background (see plan.Refused). It
+// returns how long the calls took (for the Observer), and the first
+// group's error; left when the caller left before some group answered
+// (there is no decision then: what that group's call counts, if it lands,
+// stays until its window slides out, as a decision's whose caller left).
+func (l *Limiter) sendGroups(ctx context.Context, id string, p *plan.Plan, groups [][]int, o *op) (took time.Duration, left bool, err error) {
 	start := time.Now()
 	errs := make([]error, len(groups))
 	lefts := make([]bool, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			reqs := make([]*script.Request, len(group))
-			replies := make([]script.Reply, len(group))
-			for i, r := range group {
-				reqs[i] = d.reqs[r]
+		reqs, at := p.Group(group)
+		if len(reqs) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			replies := make([]script.Reply, len(reqs))
+			_, lefts[g], errs[g] = l.call(ctx, id, reqs, replies, o)
+			for i, r := range at {
+				p.Replies[r] = replies[i]
 			}
-			_, lefts[g], errs[g] = l.call(ctx, d, id, reqs, replies)
-			for i, r := range group {
-				d.replies[r] = replies[i]
-			}
-		}()
+		})
 	}
 	wg.Wait()
 	took = time.Since(start)
@@ -250,71 +185,13 @@ func (l *Limiter) sendGroups(ctx context.Context, d *decision, id string, groups
 		}
 	}
 	if err == nil {
-		err = d.failed()
+		err = p.Failed()
 	}
-	// The enforced requests that counted, if another did not.
-	refused := err != nil
-	for i := range d.spans {
-		if s := &d.spans[i]; !s.shadow && !d.replies[s.req].Allowed {
-			refused = true
-		}
-	}
-	if refused {
-		l.giveBackMany(d, id)
+	// Owed whether or not the caller still waits, which does not wait for
+	// them; one that fails goes to the error handler, and the count it
+	// leaves stays until its window slides out of the limit's span.
+	for _, give := range p.Refused(err != nil) {
+		l.background(id, give, "ratelimit: giving back the hash slots of a refused AllowMany")
 	}
 	return took, left, err
-}
-
-// giveBackMany gives back what the enforced requests of d that were allowed
-// counted, each quota's Cost in the window it counted it in, and marks them
-// refused: the decision's other hash slots refused it. The give-backs go in
-// the background, one call per key (they batch), owed whether or not the
-// caller still waits: its caller does not wait for them. One that fails
-// goes to the error handler; the count it leaves stays until its window
-// slides out of the limit's span.
-func (l *Limiter) giveBackMany(d *decision, id string) {
-	for i := range d.spans {
-		s := &d.spans[i]
-		q := d.quotas[s.at]
-		if s.shadow || !d.replies[s.req].Allowed || q.Cost == 0 {
-			continue
-		}
-		l.background(id, script.GiveBack(q.Cost, d.reqs[s.req].Keys[s.first]), "ratelimit: giving back the hash slots of a refused AllowMany")
-	}
-	for i := range d.spans {
-		if s := &d.spans[i]; !s.shadow {
-			d.replies[s.req].Allowed = false
-		}
-	}
-}
-
-// deriveMany fills d.results, AllowMany's, from the counts each span holds
-// and the decision of each request, as derive does AllowAll's: each quota
-// with its own cost.
-func (d *decision) deriveMany() {
-	d.allowed, d.refused = true, 0
-	for i := range d.spans {
-		if s := &d.spans[i]; !s.shadow && !d.replies[s.req].Allowed {
-			d.allowed = false
-		}
-	}
-	for i := range d.spans {
-		s := &d.spans[i]
-		q := d.quotas[s.at]
-		ok := d.replies[s.req].Allowed && (s.shadow || d.allowed)
-		counted := ok && q.Cost > 0
-		res := s.result(q.Limit, q.Cost, counted, 0)
-		if counted {
-			res.receipt = newReceipt(q.Limit, s.pos, q.Cost, res.receipt.refill)
-			res.receipt.id = idHash(q.ID)
-		}
-		if !counted && s.pos.estimate(&s.seen)+q.Cost > s.rate {
-			d.refused |= 1 << s.at
-		}
-		if s.shadow {
-			res.Shadowed = !ok
-		}
-		d.results[s.at] = res
-	}
-	d.apply()
 }

@@ -203,8 +203,6 @@ func testAllowManyOneIDTwoWindows(t *testing.T, e env) {
 func testAllowManyInvalidInput(t *testing.T, e env) {
 	l := e.limiter()
 	ctx := context.Background()
-	leased := ratelimit.PerMinute(10)
-	leased.Leased = true
 	tooMany := make([]ratelimit.Quota, 17)
 	for i := range tooMany {
 		tooMany[i] = ratelimit.Quota{ID: fmt.Sprint("id", i), Limit: ratelimit.PerMinute(10), Cost: 1}
@@ -219,7 +217,6 @@ func testAllowManyInvalidInput(t *testing.T, e env) {
 		{"too many", tooMany, ratelimit.ErrInvalidLimit, "17 quotas"},
 		{"empty id", []ratelimit.Quota{{ID: "a", Limit: ratelimit.PerMinute(1), Cost: 1}, {Limit: ratelimit.PerMinute(1), Cost: 1}}, ratelimit.ErrInvalidID, "quota 1"},
 		{"bad limit", []ratelimit.Quota{{ID: "a", Limit: ratelimit.Limit{Rate: 0, Window: time.Second}, Cost: 1}}, ratelimit.ErrInvalidLimit, "quota 0: invalid limit: rate 0"},
-		{"leased", []ratelimit.Quota{{ID: "a", Limit: leased, Cost: 1}}, ratelimit.ErrInvalidLimit, "Leased"},
 		{"negative cost", []ratelimit.Quota{{ID: "a", Limit: ratelimit.PerMinute(1), Cost: -1}}, ratelimit.ErrInvalidCost, "cost -1"},
 		{"cost past 2^53", []ratelimit.Quota{{ID: "a", Limit: ratelimit.PerMinute(1), Cost: 1<<53 + 1}}, ratelimit.ErrInvalidCost, "2^53"},
 		{"one count twice", []ratelimit.Quota{{ID: "a", Limit: ratelimit.PerMinute(1), Cost: 1}, {ID: "a", Limit: ratelimit.PerMinute(5), Cost: 1}}, ratelimit.ErrInvalidLimit, "quotas 0 and 1"},

@@ -1,5 +1,6 @@
 // What an Observer sees: Source, Event, EventKind, Observer and
-// CallObserver, and the one place Events are made.
+// CallObserver; and the one way out of every decision, which fills its
+// Results and makes its Event.
 
 package ratelimit
 
@@ -7,6 +8,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/plan"
 )
 
 // Source says what made a decision.
@@ -27,16 +30,12 @@ const (
 )
 
 // String returns "redis", "cache", "policy" or "lease".
-func (s Source) String() string {
-	switch s {
-	case SourceRedis:
-		return "redis"
-	case SourceCache:
-		return "cache"
-	case SourcePolicy:
-		return "policy"
-	case SourceLease:
-		return "lease"
+func (s Source) String() string { return name(int(s), "redis", "cache", "policy", "lease") }
+
+// name returns names[i], or "unknown" for an i it has none of.
+func name(i int, names ...string) string {
+	if i < len(names) {
+		return names[i]
 	}
 	return "unknown"
 }
@@ -114,19 +113,7 @@ const (
 
 // String returns "decision", "charge", "refund", "acquire" or "give-back".
 func (k EventKind) String() string {
-	switch k {
-	case EventDecision:
-		return "decision"
-	case EventCharge:
-		return "charge"
-	case EventRefund:
-		return "refund"
-	case EventAcquire:
-		return "acquire"
-	case EventGiveBack:
-		return "give-back"
-	}
-	return "unknown"
+	return name(int(k), "decision", "charge", "refund", "acquire", "give-back")
 }
 
 // Observer sees every decision a Limiter makes (Allow, AllowN, AllowAll,
@@ -156,24 +143,42 @@ type ObserverFunc func(ctx context.Context, e *Event)
 // Observe calls f(ctx, e).
 func (f ObserverFunc) Observe(ctx context.Context, e *Event) { f(ctx, e) }
 
+// finish is the one way out of every decision, a look's, a charge's and
+// an AllowMany's too: shadow mode lets a denied decision through, and the
+// Observer sees it. allowed is the decision, refused its limits that
+// denied (bit i for out[i]); redisErr is what Redis failed with, if it
+// did; err is what the caller is to get.
+func (l *Limiter) finish(ctx context.Context, id string, o *op, out []Result, allowed bool, refused uint32, src Source, took time.Duration, redisErr, err error) error {
+	shadowed := false
+	if l.shadow && !allowed {
+		shadowed, err = true, nil
+		for i := range out {
+			r := &out[i]
+			// the limits that denied, or all when the failure policy did
+			r.Allowed, r.Shadowed = true, r.Shadowed || r.Degraded || refused&(1<<i) != 0
+		}
+	}
+	if l.observer != nil {
+		l.observe(ctx, id, o, out, src, took, redisErr, shadowed || allowed, false)
+	}
+	return err
+}
+
 // events are the Events observers see, reused: an Event is valid only
 // during the Observe call.
 var events = sync.Pool{New: func() any { return new(Event) }}
 
-// observe shows the Observer decision d as its caller gets it.
-func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Source, took time.Duration, redisErr error, allowed bool) {
+// observe shows the Observer the call of o, whose Results are results, as
+// its caller gets it, or as it failed after its caller left.
+func (l *Limiter) observe(ctx context.Context, id string, o *op, results []Result, src Source, took time.Duration, redisErr error, allowed, left bool) {
 	e := events.Get().(*Event)
-	e.results = append(e.results[:0], d.results...) // d may be on its caller's stack
-	*e = Event{Cost: d.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, results: e.results}
-	e.Kind = d.kind
-	switch d.kind {
-	case EventRefund, EventGiveBack:
-		e.Cost = -d.cost
-	case EventAcquire:
-		e.Concurrency = d.slot.Concurrency
+	e.results = append(e.results[:0], results...) // results may be on the caller's stack
+	*e = Event{Cost: o.cost, Results: e.results, Allowed: allowed, Source: src, Duration: took, Err: redisErr, Kind: o.kind, Left: left, results: e.results}
+	if o.slot != nil {
+		e.Concurrency = *o.slot
 	}
-	e.Shadow, e.Left = l.shadow, d.left
-	for _, limit := range d.limits {
+	e.Shadow = l.shadow
+	for _, limit := range o.limits {
 		e.Shadow = e.Shadow || limit.Shadow
 	}
 	if l.observeIDs {
@@ -187,4 +192,26 @@ func (l *Limiter) observe(ctx context.Context, d *decision, id string, src Sourc
 	clear(e.results)
 	*e = Event{results: e.results[:0]}
 	events.Put(e)
+}
+
+// fill fills out, whose Limits are set, from outs, the outcomes of p's
+// spans: a Result that counted carries its receipt, of this Limiter and
+// its span's id.
+func (l *Limiter) fill(out []Result, outs []plan.Out, p *plan.Plan) {
+	var h uint64 // idHash of hid
+	var hid string
+	for i := range out {
+		o := &outs[i]
+		limit := out[i].Limit
+		r := Result{Allowed: o.Allowed, Count: o.Count, Limit: limit, Remaining: o.Remaining,
+			RetryAfter: o.RetryAfter, ResetAfter: o.ResetAfter, Shadowed: o.Shadowed}
+		if o.Counted > 0 {
+			if id := p.Spans[i].ID; h == 0 || id != hid {
+				h, hid = idHash(id), id
+			}
+			r.receipt = receipt{by: l.serial, id: h, window: o.Window, counted: o.Counted, ms: limit.Window.Milliseconds(),
+				strict: limit.Strict, cal: limit.Calendar, loc: limit.Location, refill: o.Refill}
+		}
+		out[i] = r
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // defaultTimeout is how long one decision may spend on Redis unless
@@ -21,9 +23,12 @@ const defaultPrefix = "ratelimit"
 // FailurePolicy decides a request when Redis cannot: when it is unreachable,
 // slow past the timeout, or answers with an error. It decides only for a
 // caller who still waits: one whose own ctx is done first (its deadline
-// shorter than WithTimeout's, or canceled) gets its ctx's error and no
-// Result; its call's failure still goes to the error handler and a
-// CallObserver (Event.Left), and counts toward the circuit breaker.
+// shorter than WithTimeout's, or canceled before its call is answered, on
+// a client of its own that stops at a ctx's cancel) gets its ctx's error
+// and no Result; its call's failure still goes to the error handler and a
+// CallObserver (Event.Left), and counts toward the circuit breaker. (A
+// go-redis client, of either kind, waits for a reply under way whatever
+// its ctx's cancel: the caller then gets what Redis decided.)
 type FailurePolicy int
 
 const (
@@ -82,9 +87,15 @@ type config struct {
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
 	breakerCooldown time.Duration
-	// fewDeciding is transport.Config.FewDeciding: 0, its default, unless a
-	// test sets it.
+	// sleep is WithSleep's.
+	sleep func(ctx context.Context, d time.Duration) error
+	// fewDeciding is transport.Config.FewDeciding: the transport's
+	// measured default, unless a test sets it. maxLeases bounds the lease
+	// table (0: its default); sweepByHand starts no lease sweeper, for a
+	// test that sweeps.
 	fewDeciding int
+	maxLeases   int
+	sweepByHand bool
 }
 
 func defaultConfig() config {
@@ -97,6 +108,8 @@ func defaultConfig() config {
 		batchMax:        defaultBatch,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
+		sleep:           sleepCtx,
+		fewDeciding:     transport.FewDeciding,
 	}
 }
 
@@ -116,6 +129,19 @@ func WithClock(now func() time.Time) Option {
 	return optionFunc(func(c *config) {
 		if now != nil {
 			c.now = now
+		}
+	})
+}
+
+// WithSleep sets how Wait sleeps between its tries (default: a timer, in
+// real time, whatever clock WithClock set), for a test whose clock moves
+// only when it is told to: sleep returns once that clock has moved d on,
+// or ctx's error if ctx is done first. ratelimittest's Limiter moves its
+// Clock by d. A nil sleep keeps the default.
+func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
+	return optionFunc(func(c *config) {
+		if sleep != nil {
+			c.sleep = sleep
 		}
 	})
 }
@@ -154,10 +180,17 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // slow but healthy Redis look like one. Nothing is sent for a caller who
 // has left.
 //
-// The bound holds whatever the client's own timeouts:
-// with a client whose ContextTimeoutEnabled is false (go-redis's default) the
-// Limiter stops waiting for the reply itself, and the client gives up on the
-// connection later, after its ReadTimeout. For a ctx that is never
+// The bound holds whatever the client's own timeouts. A *redis.Client
+// whose ContextTimeoutEnabled is false (go-redis's default) ignores ctx
+// deadlines: the Limiter sends its calls through a copy of it whose read
+// and write timeouts are d (Client.WithTimeout), so that a call ends on its
+// caller's goroutine about when d has passed, as on a client that stops at
+// ctx deadlines. The copy shares the client's connections; it is reached
+// through a hook the Limiter adds to the client at its first call, so that
+// the hooks added before see its commands, and those added after do not.
+// With another client that ignores ctx deadlines, the Limiter stops
+// waiting for the reply itself, and the client gives up on the connection
+// later, after its ReadTimeout. For a ctx that is never
 // canceled (context.Background), the deadline is d rounded up by at most a
 // ms or a thousandth of d, whichever is more (a sixteenth of a d under
 // 16 ms), so that the decisions of that span share one timer. A d of zero

@@ -4,14 +4,11 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/slidingwindow/ratelimit/internal/transport"
+
+	"github.com/slidingwindow/ratelimit/internal/redistime"
 )
 
 // defaultSyncInterval is how often a RedisClock asks Redis for its time
@@ -19,17 +16,6 @@ import (
 // with the local monotonic clock, which drifts by well under a millisecond
 // in 10 seconds, so more frequent samples would buy nothing but round trips.
 const defaultSyncInterval = 10 * time.Second
-
-const (
-	// syncRetry is how soon the background loop tries again after a failed
-	// sync (or the sync interval, if that is shorter): an error often means
-	// a failover, and the new server's clock should be adopted soon.
-	syncRetry = time.Second
-	// syncTimeout bounds one sync, so that a hung Redis neither holds up the
-	// loop nor yields a sample whose round trip, and so whose uncertainty,
-	// is large.
-	syncTimeout = time.Second
-)
 
 // RedisClock is a clock that follows the TIME of a Redis server, so that
 // application servers whose own clocks disagree still place requests in the
@@ -73,29 +59,8 @@ const (
 // to stop its background goroutine; Now goes on working after Close,
 // extrapolating from the last sample.
 type RedisClock struct {
-	client   redis.UniversalClient
-	local    func() time.Time
-	interval time.Duration // <= 0: no background loop
-	ctxAware bool          // the client stops at the ctx deadline by itself
-
-	// onError gets the errors of the background loop's syncs; Sync's callers
-	// get their own.
-	onError func(ctx context.Context, err error)
-
-	sample atomic.Pointer[clockSample] // nil until the first successful sync
-	last   atomic.Int64                // Unix ns of the latest time Now returned
-	syncs  atomic.Uint64               // how many syncs have begun
-
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the background loop has returned
-}
-
-// clockSample is one answer to TIME: Redis's estimated time at one local
-// reading. Now adds to it the local time elapsed since.
-type clockSample struct {
-	local time.Time // the local clock when TIME returned, monotonic reading and all
-	redis time.Time // Redis's time then: the reply plus half the round trip
-	seq   uint64    // which sync took it: of two, the later begun wins
+	c      *redistime.Clock
+	client redis.UniversalClient
 }
 
 // RedisClockOption configures a RedisClock; pass options to NewRedisClock.
@@ -158,51 +123,14 @@ func NewRedisClock(client redis.UniversalClient, opts ...RedisClockOption) *Redi
 			opt.apply(&cfg)
 		}
 	}
-	c := &RedisClock{
-		client:   client,
-		local:    cfg.local,
-		interval: cfg.interval,
-		onError:  cfg.onError,
-		done:     make(chan struct{}),
-	}
-	if c.onError == nil {
-		c.onError = (&syncLog{clock: c}).handle
-	}
-	if client != nil {
-		c.ctxAware = transport.HonoursContext(client)
-	}
-	c.last.Store(math.MinInt64)
-	if client == nil || c.interval <= 0 {
-		c.cancel = func() {}
-		close(c.done)
-		return c
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	go c.loop(ctx)
-	return c
+	return &RedisClock{c: redistime.New(client, cfg.local, cfg.interval, cfg.onError), client: client}
 }
 
 // Now returns Redis's time as the clock estimates it: the last sample plus
 // the local time elapsed since, or the local clock before any sample. It
 // never returns a time before one it returned already. It takes no lock and
 // does not allocate, and fits WithClock.
-func (c *RedisClock) Now() time.Time {
-	t := c.local()
-	if s := c.sample.Load(); s != nil {
-		t = s.redis.Add(t.Sub(s.local))
-	}
-	n := t.UnixNano()
-	for {
-		last := c.last.Load()
-		if n <= last {
-			return time.Unix(0, last)
-		}
-		if c.last.CompareAndSwap(last, n) {
-			return time.Unix(0, n)
-		}
-	}
-}
+func (c *RedisClock) Now() time.Time { return c.c.Now() }
 
 // Sync asks Redis for its time once, now, and makes the answer the clock's
 // new sample. It blocks for one round trip: at most a second, less if ctx is
@@ -214,40 +142,7 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 	if c.client == nil {
 		return ErrNilClient
 	}
-	seq := c.syncs.Add(1)
-	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
-	defer cancel()
-	before := c.local()
-	var rt time.Time
-	var err error
-	if c.ctxAware {
-		rt, err = c.client.Time(ctx).Result()
-	} else {
-		rt, err = transport.Watch(ctx, func(ctx context.Context) (time.Time, error) {
-			return c.client.Time(ctx).Result()
-		})
-	}
-	after := c.local()
-	if err != nil {
-		return fmt.Errorf("ratelimit: redis clock: TIME: %w", err)
-	}
-	// Redis read its clock somewhere in [before, after]; the middle is off by
-	// at most half the round trip either way.
-	rtt := max(after.Sub(before), 0)
-	s := &clockSample{local: after, redis: rt.Add(rtt / 2), seq: seq}
-	// Of two syncs under way at once, keep the sample of the one begun
-	// later. Not the one whose local reading is later: a local clock without
-	// a monotonic reading may have been stepped back, and its new samples
-	// must not lose to the old.
-	for {
-		cur := c.sample.Load()
-		if cur != nil && cur.seq > seq {
-			return nil
-		}
-		if c.sample.CompareAndSwap(cur, s) {
-			return nil
-		}
-	}
+	return c.c.Sync(ctx)
 }
 
 // Close stops the background goroutine and waits for it to return, which it
@@ -256,66 +151,6 @@ func (c *RedisClock) Sync(ctx context.Context) error {
 // that TIME reply until its ReadTimeout, on a goroutine of its own). It
 // always returns nil, and may be called more than once.
 func (c *RedisClock) Close() error {
-	c.cancel()
-	<-c.done
+	c.c.Close()
 	return nil
-}
-
-// loop syncs at once, then every interval, sooner after a failure, until ctx
-// is cancelled.
-func (c *RedisClock) loop(ctx context.Context) {
-	defer close(c.done)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		wait := c.interval
-		if err := c.Sync(ctx); err != nil {
-			wait = min(wait, syncRetry)
-			if ctx.Err() == nil { // else Close cut it short: no failure of Redis's
-				c.onError(ctx, err)
-			}
-		}
-		timer.Reset(wait)
-	}
-}
-
-// syncLog is a RedisClock's default sync error handler. Like the Limiter's
-// (logHandler) it logs at most once every logEvery, counting the errors it
-// left out, so that a Redis that stays unreadable gives a line every 10
-// seconds rather than one per retry; logHandler itself would say the failure
-// policy decided, which is not what happened. Only the clock's goroutine
-// calls it, so it needs no atomics.
-//
-// It paces itself by the clock's local clock rather than by time.Now: a test
-// that injects a fake local clock then decides when 10 seconds have passed
-// instead of waiting for them, and with the default local clock, time.Now,
-// the two are the same, monotonic reading and all, so steps of the wall
-// clock neither silence it nor make it chatty. (A local clock without a
-// monotonic reading that is stepped back silences it for the step.)
-type syncLog struct {
-	clock   *RedisClock
-	next    time.Time // nothing is logged before it
-	dropped int       // errors not logged since the last line
-}
-
-func (h *syncLog) handle(ctx context.Context, err error) {
-	now := h.clock.local()
-	if now.Before(h.next) {
-		h.dropped++
-		return
-	}
-	h.next = now.Add(logEvery)
-	msg := "ratelimit: redis clock: sync failed; Now extrapolates from the last sample with the local clock" +
-		" (a Redis ACL user needs the TIME command: +time)"
-	if h.clock.sample.Load() == nil {
-		msg = "ratelimit: redis clock: sync failed; Now reads the local clock, as the clock has never synced" +
-			" (a Redis ACL user needs the TIME command: +time)"
-	}
-	slog.Default().WarnContext(ctx, msg, "error", err, "errors_not_logged", h.dropped)
-	h.dropped = 0
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // decider is the script every decision sends.
-var decider = script.NewScript(slidingWindowSource, false)
+var decider = script.NewScript(script.Source, false)
 
 // bareIncr is the cheapest script a counter can be: INCR, then PEXPIRE.
 // The script's cost is weighed against it.
@@ -201,15 +201,18 @@ func scriptCall(ctx context.Context, pipe redis.Pipeliner, l *Limiter, sc *scrip
 	now := time.Now().UnixMilli()
 	var reqs []*script.Request
 	for i := range int64(tc.batch) {
-		d := &decision{cost: 1, limits: tc.limits}
+		id := ids[(c*int64(tc.batch)+i)%int64(len(ids))]
+		p := newPlan(len(tc.limits))
+		place(p, id, tc.limits, 1, now)
 		if tc.charge {
-			d.kind = EventCharge
+			p.BuildCharge(l.keys, id)
+		} else {
+			p.Build(l.keys, id, script.ModeCount, false)
 		}
-		l.build(d, ids[(c*int64(tc.batch)+i)%int64(len(ids))], now)
 		if tc.refund {
-			d.reqs = []*script.Request{script.GiveBack(1, d.reqs[0].Keys[0])}
+			p.Reqs = []*script.Request{script.GiveBack(1, p.Reqs[0].Keys[0])}
 		}
-		reqs = append(reqs, d.reqs...)
+		reqs = append(reqs, p.Reqs...)
 	}
 	var cmd redis.Cmder
 	if tc.bare {
@@ -274,7 +277,7 @@ func BenchmarkOneDecision(b *testing.B) {
 				b.Fatal(err)
 			}
 			values := func(a script.LimitArgs) []any { return []any{a.Rate, a.Window, a.TTL, int64(1), a.Weight} }
-			a := newLimitArgs(limit, locate(time.Now().UnixMilli(), limit))
+			a := script.Args(limit.Rate, locate(time.Now().UnixMilli(), limit))
 			r := &script.Request{Cost: 1, NLimits: 1, Limits: []script.LimitArgs{a}, Keys: []string{"a", "b"}}
 			var sent []any
 			for _, v := range script.AppendCall(nil, decider, []*script.Request{r}, false, true)[5:] {
@@ -287,10 +290,10 @@ func BenchmarkOneDecision(b *testing.B) {
 			var keys [2]string
 			for i := 0; b.Loop(); i++ {
 				pos := locate(time.Now().UnixMilli(), limit)
-				a := newLimitArgs(limit, pos)
+				a := script.Args(limit.Rate, pos)
 				// values(a), written out so that go-redis boxes them as a
 				// caller's literal arguments
-				v, err := client.EvalSha(ctx, sha, l.appendKeys(keys[:0], ids[i%len(ids)], pos), a.Rate, a.Window, a.TTL, 1, a.Weight).Int64()
+				v, err := client.EvalSha(ctx, sha, l.keys.Append(keys[:0], ids[i%len(ids)], pos), a.Rate, a.Window, a.TTL, 1, a.Weight).Int64()
 				if err != nil || v&1 != 1 {
 					b.Fatal("not allowed:", v, err)
 				}

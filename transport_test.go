@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/redistest"
-	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // callSizes is a go-redis hook that records, for each script call, how
@@ -49,11 +48,12 @@ func (h *callSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // No call exceeds what Redis's Lua can take: 3,000 concurrent AllowAll
 // calls of MaxLimits strict limits (176 keys each) on distinct ids are all
-// decided by Redis, in batched calls that each hold at most transport.MaxCallKeys
-// keys and transport.MaxCallValues values. Before calls were bounded by keys, 64
-// such requests made a call of 11,264 keys, and Redis failed it with "too
-// many results to unpack".
+// decided by Redis, in batched calls that each hold at most maxCallKeys keys
+// and maxCallValues values, the transport's bounds. Before calls were
+// bounded by keys, 64 such requests made a call of 11,264 keys, and Redis
+// failed it with "too many results to unpack".
 func TestLargeBatchesFitOneCall(t *testing.T) {
+	const maxCallKeys, maxCallValues = 1024, 4096 // internal/transport's
 	t.Parallel()
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 8})
@@ -88,8 +88,8 @@ func TestLargeBatchesFitOneCall(t *testing.T) {
 	defer hook.mu.Unlock()
 	most, total := 0, 0
 	for i, keys := range hook.keys {
-		require.LessOrEqual(t, keys, transport.MaxCallKeys, "call %d", i)
-		require.LessOrEqual(t, hook.values[i], transport.MaxCallValues, "call %d", i)
+		require.LessOrEqual(t, keys, maxCallKeys, "call %d", i)
+		require.LessOrEqual(t, hook.values[i], maxCallValues, "call %d", i)
 		most, total = max(most, hook.reqs[i]), total+hook.reqs[i]
 	}
 	require.Equal(t, callers, total, "every request went to Redis once")
@@ -164,11 +164,12 @@ func (g *gatedCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return next
 }
 
-// On go-redis's default client a decision's call goes on after its caller
-// has left, on a goroutine of its own (sendWatched): its late reply must
-// reach no other decision. Here the call left behind reads "a" at 5; if its
-// watchedCall were pooled when its caller left, a later decision would take
-// that reply for its own and report a count of 6 for a new id.
+// On go-redis's default client the call of a decision whose caller's
+// deadline comes before the Limiter's goes on after its caller has left, on
+// a goroutine of its own (sendWatched): its late reply must reach no other
+// decision. Here the call left behind reads "a" at 5; if its watchedCall
+// were pooled when its caller left, a later decision would take that reply
+// for its own and report a count of 6 for a new id.
 func TestLeftCallReplyReachesNoOne(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
@@ -187,7 +188,7 @@ func TestLeftCallReplyReachesNoOne(t *testing.T) {
 	}
 
 	gate.armed.Store(true)
-	ctx, leave := context.WithCancel(bg)
+	ctx, leave := context.WithTimeout(bg, 30*time.Second) // before the Limiter's minute: watched
 	left := make(chan error, 1)
 	go func() {
 		_, err := l.Allow(ctx, "a", limit)

@@ -5,7 +5,12 @@
 
 package script
 
-import "fmt"
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
 
 // Kind says which command carries a Request.
 type Kind uint8
@@ -50,4 +55,28 @@ func DecodeConcurrency(vals []int64, out *Reply) error {
 	}
 	*out = Reply{Allowed: vals[0] == 1, Counts: vals[1:3:3]}
 	return nil
+}
+
+// Slot returns the request of op ("a" acquire, "r" release, "e" extend)
+// for token, on the slots at key: at most max held (an acquire's), each
+// for lease (an acquire's and an extend's).
+func Slot(key, op, token string, max int64, lease time.Duration) *Request {
+	return &Request{Kind: KindConcurrency, NLimits: 1, Keys: []string{key},
+		Concurrency: &Concurrency{Op: op, Token: token, Max: max, Lease: lease.Milliseconds()}}
+}
+
+// Release returns the request that releases what r, an acquire, may have
+// taken.
+func Release(r *Request) *Request {
+	rel := *r
+	c := *r.Concurrency
+	c.Op, rel.Concurrency = "r", &c
+	return &rel
+}
+
+// NewToken returns a slot's token: 128 random bits, in hex.
+func NewToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }

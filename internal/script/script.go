@@ -1,5 +1,5 @@
 // Package script is the wire format of the script that decides
-// (sliding_window.lua, at the module's root): the requests a decision
+// (sliding_window.lua, beside it): the requests a decision
 // makes, the arguments of their call, and the decoding and checking of its
 // reply. It knows no Limiter and no connection: the transport sends what
 // it builds.

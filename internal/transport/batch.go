@@ -18,15 +18,15 @@ import (
 // batcher decides concurrent decisions for one server together: while
 // script calls are in flight (at most maxInFlight), the decisions that
 // arrive wait, then go in the next call, as many requests as maxBatch and
-// within the bounds of one call (MaxCallKeys, MaxCallValues). Redis spends
+// within the bounds of one call (maxCallKeys, maxCallValues). Redis spends
 // most of a script call's time on invoking the script, not on the few reads
 // and writes inside it, so one call for many requests is most of the gain;
 // the round trips saved are the rest.
 //
 // At rest there is no goroutine and no wait: a decision that finds room for
 // a call and no one waiting is sent at once, alone, on its caller's
-// goroutine. So is every decision while no more than fewDeciding are under
-// way, whatever is in flight: a batch of so few would save Redis little and
+// goroutine. So is every decision while no more than FewDeciding are under
+// way (Config.FewDeciding), whatever is in flight: a batch of so few would save Redis little and
 // cost its decisions a round trip's wait. When a call returns and decisions
 // are waiting, a goroutine sends them, and the next batch after that, and
 // ends when none is waiting or more than maxInFlight calls are in flight
@@ -37,7 +37,7 @@ import (
 // callers still wait, and it lasts until the latest of their deadlines. The
 // circuit breaker is asked before each call.
 //
-// At most maxQueue requests, of queuedCalls × MaxCallKeys keys, wait: about
+// At most maxQueue requests, of queuedCalls × maxCallKeys keys, wait: about
 // queuedCalls calls' worth. Past that, a decision waits for room on
 // its caller's goroutine, within its own deadline, and goes to the failure
 // policy if that passes first: a burst that a healthy Redis drains in a few
@@ -62,7 +62,7 @@ type batcher struct {
 	deciding atomic.Int64 // decisions in decide
 
 	mu      sync.Mutex
-	sending int           // calls in flight: at most maxInFlight, or fewDeciding
+	sending int           // calls in flight: at most maxInFlight, or FewDeciding
 	queue   []*pending    // decisions waiting for the next call, in order
 	waiting int           // requests in queue
 	keys    int           // and their keys
@@ -74,15 +74,15 @@ type batcher struct {
 // gathers the next.
 const maxInFlight = 2
 
-// fewDeciding is how many decisions may be under way at once and still each
-// go at once in a call of its own, up to fewDeciding calls in flight (calls
+// FewDeciding is how many decisions may be under way at once and still each
+// go at once in a call of its own, up to FewDeciding calls in flight (calls
 // whose callers left count too: a slow Redis is sent no more). Measured on
 // 2 cores (bench/README.md, "How many calls in flight"): with 8 goroutines
 // deciding, about 1.5 times the decisions a second of 2 calls in flight, on
 // either client; with another process taking a core, 0.87 times on a
 // ContextTimeoutEnabled client and about level on go-redis's default one;
 // with 64, no change.
-const fewDeciding = 8
+const FewDeciding = 8
 
 // queuedCalls is how many calls' worth of requests (maxBatch each) may wait.
 const queuedCalls = 16
@@ -208,7 +208,7 @@ func (b *batcher) fits(reqs []*script.Request) bool {
 	for _, r := range reqs {
 		keys += len(r.Keys)
 	}
-	return len(b.queue) == 0 || b.waiting+len(reqs) <= b.maxQueue && b.keys+keys <= queuedCalls*MaxCallKeys
+	return len(b.queue) == 0 || b.waiting+len(reqs) <= b.maxQueue && b.keys+keys <= queuedCalls*maxCallKeys
 }
 
 // prune drops the waiting decisions whose callers have left; b.mu is held.
@@ -275,7 +275,7 @@ func (b *batcher) take() []*pending {
 			p.done <- batchReply{err: errUnsent}
 			continue
 		}
-		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > MaxCallKeys || values+p.values > MaxCallValues) {
+		if len(batch) > 0 && (reqs+len(p.reqs) > b.maxBatch || keys+p.keys > maxCallKeys || values+p.values > maxCallValues) {
 			break
 		}
 		batch = append(batch, p)

@@ -101,7 +101,7 @@ func heldClient(t *testing.T, addr string) (*redis.Client, *heldCalls) {
 
 // batchAlways has a Transport's batchers batch decisions however few are
 // under way: from the few goroutines of a test, they would go alone.
-func batchAlways(c *Config) { c.FewDeciding = -1 }
+func batchAlways(c *Config) { c.FewDeciding = 0 }
 
 // outcome is what Do returned for one decision.
 type outcome struct {
@@ -188,48 +188,48 @@ func decisionsOf(ids ...string) [][]*script.Request {
 	return ds
 }
 
-// While no more than fewDeciding decisions are under way, each goes alone at
-// once, whatever is in flight: with fewDeciding calls held, all of them are
+// While no more than FewDeciding decisions are under way, each goes alone at
+// once, whatever is in flight: with FewDeciding calls held, all of them are
 // in flight. One more decision then waits, and goes once they return; in a
 // burst after that, decisions batch.
 func TestFewDecisionsGoAlone(t *testing.T) {
 	t.Parallel()
 	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	require.NoError(t, client.ScriptLoad(context.Background(), slidingWindow(t)).Err())
-	hook := newHeldCalls(fewDeciding)
+	hook := newHeldCalls(FewDeciding)
 	client.AddHook(hook)
 	tr := newTestTransport(t, client)
 	var release sync.Once
 	t.Cleanup(func() { release.Do(func() { close(hook.release) }) }) // if it fails first
-	out := make(chan error, fewDeciding+1)
+	out := make(chan error, FewDeciding+1)
 	decide := func(id string) {
 		go func() {
 			out <- tr.Do(context.Background(), []*script.Request{oneRequest(id, 10)}, make([]script.Reply, 1))
 		}()
 	}
-	for i := range fewDeciding {
+	for i := range FewDeciding {
 		decide(fmt.Sprint("alone-", i))
 		select {
 		case <-hook.held: // its call is in flight, although maxInFlight are
 		case <-time.After(10 * time.Second):
-			t.Fatalf("decision %d of %d was not sent at once", i+1, fewDeciding)
+			t.Fatalf("decision %d of %d was not sent at once", i+1, FewDeciding)
 		}
 	}
 	decide("one-more")
 	b := tr.one.batch
 	require.Eventually(t, func() bool {
 		waiting, sending := b.counts()
-		return waiting == 1 && sending == fewDeciding
-	}, 10*time.Second, time.Millisecond, "the decision past fewDeciding waits")
+		return waiting == 1 && sending == FewDeciding
+	}, 10*time.Second, time.Millisecond, "the decision past FewDeciding waits")
 	release.Do(func() { close(hook.release) })
-	for range fewDeciding + 1 {
+	for range FewDeciding + 1 {
 		require.NoError(t, <-out)
 	}
-	want := slices.Repeat([]int{1}, fewDeciding+1)
+	want := slices.Repeat([]int{1}, FewDeciding+1)
 	require.Equal(t, want, hook.calls())
 
-	// A burst, all at once: past fewDeciding under way, decisions batch.
-	const burst = 8 * fewDeciding
+	// A burst, all at once: past FewDeciding under way, decisions batch.
+	const burst = 8 * FewDeciding
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range burst {

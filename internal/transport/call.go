@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,10 +20,16 @@ import (
 // srv: srv's breaker is asked first and told how it went, one call, one
 // success or failure, judged by wire, the call's context. Its caller waits
 // until leave is done: wire itself, or the caller's own ctx when its
-// deadline comes before wire's (see wire). Then a caller who leaves first
-// gets a *CallerLeft, and the call goes on to wire's deadline in a
-// goroutine of its own, which tells the breaker, and the CallerLeft's Late,
-// how it went.
+// deadline comes before wire's (see wire).
+//
+// A call whose caller waits as long as wire lasts is made on the caller's
+// goroutine: the client stops at wire's deadline by itself
+// (ContextTimeoutEnabled), or its socket's deadlines do (t.timed: see
+// routed), or wire has none. Otherwise it is watched from a goroutine of its own
+// (sendWatched), and a caller who leaves first (its deadline, or its
+// cancel) gets a *CallerLeft: the call goes on to wire's deadline, and a
+// goroutine of the transport's tells the breaker, and the CallerLeft's
+// Late, how it went.
 func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
 	probe := false
 	if b := srv.breaker; b != nil {
@@ -34,13 +41,13 @@ func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.U
 		probe = p
 	}
 	var err error
-	if leave == wire && (t.ctxAware || wire.Done() == nil) {
-		err = t.call(wire, c, sc, reqs, out)
+	if leave == wire && (t.ctxAware || t.timed != nil || wire.Done() == nil) {
+		err = t.call(t.routed(wire), c, sc, reqs, out)
 	} else {
-		vals, w, callErr := t.sendWatched(leave, wire, c, sc, reqs)
+		vals, w, callErr := t.sendWatched(leave, t.routed(wire), c, sc, reqs)
 		switch {
-		case w != nil && leave != wire: // the caller left before the Limiter's deadline
-			gone := &CallerLeft{err: leave.Err(), Late: &Late{}}
+		case w != nil && (leave != wire || canceled(wire)): // the caller left
+			gone := &CallerLeft{err: ctxErr(leave), Late: &Late{}}
 			t.work.Go(func() { t.judgeLate(w, wire, srv, probe, gone.Late) })
 			return gone
 		case w != nil:
@@ -51,15 +58,15 @@ func (t *Transport) exchange(leave, wire context.Context, srv *server, c redis.U
 			err = decode(vals, reqs, out)
 		}
 	}
-	t.judge(wire, srv, probe, err)
+	t.judge(wire, srv, probe, err, err != nil && t.abandoned(wire))
 	return err
 }
 
-// judge tells srv's breaker how a call that wire bounded went, and has the
+// judge tells srv's breaker how a call that wire bounded went (left: it
+// ended for its caller's sake, which says nothing of Redis), and has the
 // slot map reloaded after an outage; the first success on a server has its
 // eviction policy checked.
-func (t *Transport) judge(wire context.Context, srv *server, probe bool, err error) {
-	left := err != nil && t.abandoned(wire)
+func (t *Transport) judge(wire context.Context, srv *server, probe bool, err error, left bool) {
 	if b := srv.breaker; b != nil {
 		switch {
 		case left:
@@ -86,42 +93,48 @@ func (t *Transport) judge(wire context.Context, srv *server, probe bool, err err
 // sake, not Redis's: wire was canceled (its caller's ctx was), or its
 // deadline, which passed, was the caller's own (no Limiter timeout).
 func (t *Transport) abandoned(wire context.Context) bool {
-	return errors.Is(wire.Err(), context.Canceled) || t.timeout <= 0 && expired(wire)
+	return canceled(wire) || t.timeout <= 0 && expired(wire)
 }
 
 // judgeLate waits for the end of w, a call whose caller left, or for wire's
 // deadline, whichever comes first, and judges the call by it: a failure goes
-// to the breaker and to l.
+// to the breaker and to l. A call its caller canceled (wire with it) goes
+// on all the same, on a client that does not stop at its ctx: it is
+// followed to its end, or to the Limiter's deadline it had.
 func (t *Transport) judgeLate(w *watchedCall, wire context.Context, srv *server, probe bool, l *Late) {
+	end, followed := wire.Done(), canceled(wire)
+	var deadline <-chan time.Time
+	if followed {
+		end = nil
+		if d, ok := wire.Deadline(); ok && t.timeout > 0 {
+			timer := time.NewTimer(time.Until(d))
+			defer timer.Stop()
+			deadline = timer.C
+		}
+	}
 	var err error
 	select {
 	case <-w.done:
 		err = w.err
-	case <-wire.Done():
+	case <-end:
 		err = wire.Err()
+	case <-deadline:
+		err = context.DeadlineExceeded
 	}
-	t.judge(wire, srv, probe, err)
+	t.judge(wire, srv, probe, err, err != nil && !followed && t.abandoned(wire))
 	if err != nil {
 		err = t.explain(wire, srv, err)
 	}
 	l.end(err)
 }
 
+// canceled reports whether ctx was canceled, rather than past its deadline.
+func canceled(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
+
 // call sends one script call of sc for reqs to c and decodes its reply into
-// out, on this goroutine: with a client that does not stop at ctx's
-// deadline itself, the call goes on in sendWatched's goroutine after it,
-// until the client gives up, and its late reply is dropped there.
+// out, on this goroutine.
 func (t *Transport) call(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request, out []script.Reply) error {
-	var vals []int64
-	var err error
-	if t.ctxAware || ctx.Done() == nil {
-		vals, err = send(ctx, c, sc, reqs)
-	} else {
-		var w *watchedCall
-		if vals, w, err = t.sendWatched(ctx, ctx, c, sc, reqs); w != nil {
-			err = ctx.Err()
-		}
-	}
+	vals, err := send(ctx, c, sc, reqs)
 	if err != nil {
 		return err
 	}
@@ -174,7 +187,7 @@ func (w *watchedCall) run() {
 // done receives once, when it ends.
 func (t *Transport) sendWatched(leave, ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs []*script.Request) ([]int64, *watchedCall, error) {
 	w := watchedCalls.Get().(*watchedCall)
-	w.ctx, w.c, w.sc, w.reqs, w.work = ctx, c, sc, reqs, &t.work
+	w.ctx, w.c, w.sc, w.reqs, w.work = ctx, c, sc, reqs, t.work
 	t.work.Add() // done by run
 	go w.run()
 	select {
@@ -212,7 +225,7 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs 
 	if err == nil && short && len(reqs[0].Keys) == 1 {
 		vals, err = script.OneKey(vals)
 	}
-	if err == nil && cap(args) <= MaxCallValues {
+	if err == nil && cap(args) <= maxCallValues {
 		clear(args) // nothing kept alive by the list: the requests are the caller's
 		*buf = args[:0]
 		argLists.Put(buf)
@@ -225,7 +238,7 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs 
 // 16 bytes each. go-redis reads a command's arguments until its reply has
 // been read, and not after; a call that failed may have left its command
 // in go-redis's hands (one whose caller stopped waiting), so its list is
-// not reused; nor is one longer than MaxCallValues. (A go-redis hook that
+// not reused; nor is one longer than maxCallValues. (A go-redis hook that
 // kept a command past its return would see a later call's arguments there.)
 var argLists = sync.Pool{New: func() any { return new([]any) }}
 

@@ -7,6 +7,8 @@ package transport
 import (
 	"context"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // wire returns the context of a decision's call to Redis: ctx bounded by
@@ -72,12 +74,15 @@ type tick struct {
 	at         time.Time // the deadline
 	done       chan struct{}
 	background tickCtx
+	timed      *redis.Client // the transport's: see routed
 }
 
 // Deadline, Done and Err are the tick's; Value is the caller's.
 func (c *tickCtx) Deadline() (time.Time, bool) { return c.tick.at, true }
 
 func (c *tickCtx) Done() <-chan struct{} { return c.tick.done }
+
+func (c *tickCtx) via() *redis.Client { return c.tick.timed }
 
 func (c *tickCtx) Err() error {
 	select {
@@ -111,7 +116,7 @@ func (t *Transport) tickAfter(now time.Time) *tick {
 	if k := t.tick.Load(); k != nil && k.end == end {
 		return k
 	}
-	k := &tick{end: end, at: t.epoch.Add(time.Duration(end)), done: make(chan struct{})}
+	k := &tick{end: end, at: t.epoch.Add(time.Duration(end)), done: make(chan struct{}), timed: t.timed}
 	k.background = tickCtx{Context: context.Background(), tick: k}
 	time.AfterFunc(k.at.Sub(now), func() { close(k.done) })
 	t.tick.Store(k) // of two made at once, both serve; the last is kept

@@ -7,6 +7,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +34,15 @@ type Transport struct {
 	concurrency        *script.Script // concurrency.lua
 	timeout            time.Duration  // 0 or less: none
 	ctxAware           bool           // the client stops at its ctx deadline by itself
-	maxBatch           int            // requests per call; 1 or less: no batching
-	few                int            // decisions under way that a batcher sends each alone (Config.FewDeciding)
+	// timed is a copy of the client, when it is a *redis.Client that does
+	// not stop at its ctx deadline, with the timeout (and a tick) as its
+	// read and write timeouts (Client.WithTimeout): a call through it is
+	// bounded by its socket's deadlines, on its caller's goroutine (see
+	// routed). Nil for other clients.
+	timed    *redis.Client
+	hooked   sync.Once // the routing hook is on the client
+	maxBatch int       // requests per call; 1 or less: no batching
+	few      int       // decisions under way that a batcher sends each alone (Config.FewDeciding)
 	// breakerFailures consecutive failures open a server's breaker for
 	// breakerCooldown; 0 failures: no breaker.
 	breakerFailures int
@@ -55,7 +63,7 @@ type Transport struct {
 	checked    sync.Map             // names of the servers whose eviction policy was looked up
 	tick       atomic.Pointer[tick] // the last deadline made for a ctx that is never canceled
 	epoch      time.Time            // ticks count from here, on the monotonic clock
-	work       group.Group          // the goroutines it started
+	work       *group.Group         // the goroutines it starts: the Limiter's
 }
 
 // server is one Redis server the transport sends calls to: the client's
@@ -79,68 +87,84 @@ const (
 
 // Bounds of one script call. Redis's Lua unpacks at most about 8,000 values
 // at once (the script's MGET takes every key of the call), and a call runs
-// alone in Redis while it lasts; a call of MaxCallKeys keys takes well under
-// a millisecond. MaxCallValues bounds the command's length, keys and
+// alone in Redis while it lasts; a call of maxCallKeys keys takes well under
+// a millisecond. maxCallValues bounds the command's length, keys and
 // arguments together.
 const (
-	MaxCallKeys   = 1024
-	MaxCallValues = 4096
+	maxCallKeys   = 1024
+	maxCallValues = 4096
 )
 
 // Config is what a Transport is made with: the Limiter's options that bear
-// on its calls.
+// on its calls, and the group its goroutines are counted in.
 type Config struct {
-	// Script is the source of the script that decides, sliding_window.lua;
-	// Concurrency that of concurrency.lua.
-	Script, Concurrency string
 	// Timeout bounds each call, queue and call together; 0 or less: none.
 	Timeout time.Duration
 	// MaxBatch is the most requests of one call; 1 or less: no batching.
 	MaxBatch int
+	// FewDeciding is how many decisions may be under way at once and each
+	// still go at once in a call of its own (see batcher): FewDeciding,
+	// the measured default, unless a test wants batches of any size; 0 or
+	// less, none, and decisions wait to batch however few are under way.
+	FewDeciding int
 	// BreakerFailures consecutive failures open a server's breaker for
 	// BreakerCooldown; 0 failures: no breaker.
 	BreakerFailures int
 	BreakerCooldown time.Duration
-	// FewDeciding is how many decisions may be under way at once and each
-	// still go at once in a call of its own (see batcher): 0 is
-	// fewDeciding, the measured default; below 0, none, and decisions wait
-	// to batch however few are under way.
-	FewDeciding int
 	// Warn is told what is wrong without failing a call: a server whose
 	// eviction policy deletes live counts (ErrEvictionPolicy).
 	Warn func(error)
+	// Work counts every goroutine the transport starts (batches in
+	// flight, calls whose callers left and their late judges, slot-map
+	// loads, eviction checks): its owner waits for them.
+	Work *group.Group
 }
 
 // New returns the transport of client's calls.
 func New(client redis.UniversalClient, cfg Config) *Transport {
 	t := &Transport{
 		client:          client,
-		decider:         script.NewScript(cfg.Script, false),
-		crossSlot:       script.NewScript(cfg.Script, true),
-		concurrency:     script.NewScript(cfg.Concurrency, false),
+		decider:         script.NewScript(script.Source, false),
+		crossSlot:       script.NewScript(script.Source, true),
+		concurrency:     script.NewScript(script.ConcurrencySource, false),
 		timeout:         cfg.Timeout,
 		ctxAware:        HonoursContext(client),
 		maxBatch:        cfg.MaxBatch,
-		few:             fewDeciding,
+		few:             max(cfg.FewDeciding, 0),
 		breakerFailures: cfg.BreakerFailures,
 		breakerCooldown: cfg.BreakerCooldown,
 		now:             time.Now,
 		epoch:           time.Now(),
 		dials:           dialRecorder(client),
 		warn:            cfg.Warn,
-	}
-	if cfg.FewDeciding != 0 {
-		t.few = max(cfg.FewDeciding, 0)
+		work:            cfg.Work,
 	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		t.cluster = c
 	case *redis.Client:
 		t.one = t.newServer(serverName(c), c, t.maxBatch > 1, false)
+		if !t.ctxAware && t.timeout > 0 && t.timeout <= maxTickTimeout {
+			t.timed = c.WithTimeout(t.timeout + tickLen(t.timeout)) // past the call's deadline, a tick after the timeout
+		}
 	default: // a Ring, or a client of the caller's: no batching
 		t.one = t.newServer("Redis", client, false, false)
 	}
 	return t
+}
+
+// IsNil reports whether client is nil, or a nil pointer of some client
+// type: a Limiter without a client.
+func IsNil(client redis.UniversalClient) bool {
+	if client == nil {
+		return true
+	}
+	v := reflect.ValueOf(client)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }
 
 func (t *Transport) newServer(name string, c redis.UniversalClient, batch, cross bool) *server {
@@ -255,9 +279,3 @@ func (t *Transport) BreakerOpen() bool {
 	})
 	return open
 }
-
-// Drain waits until every goroutine t started has ended: batches in flight,
-// calls whose callers left and their late judges, slot-map loads, eviction
-// checks. It returns ctx's error if ctx is done first. t still sends what
-// it is given after: its caller stops giving.
-func (t *Transport) Drain(ctx context.Context) error { return t.work.Wait(ctx) }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/slidingwindow/ratelimit/internal/clock"
+	"github.com/slidingwindow/ratelimit/internal/group"
 	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/window"
 )
@@ -24,26 +24,21 @@ import (
 // Transport's goroutines.
 func newTestTransport(t *testing.T, client redis.UniversalClient, set ...func(*Config)) *Transport {
 	t.Helper()
-	cfg := Config{Script: slidingWindow(t), Timeout: time.Minute, MaxBatch: 128, BreakerFailures: 5, BreakerCooldown: time.Second, Warn: func(error) {}}
+	cfg := Config{Timeout: time.Minute, MaxBatch: 128, FewDeciding: FewDeciding, BreakerFailures: 5, BreakerCooldown: time.Second,
+		Warn: func(error) {}, Work: new(group.Group)}
 	for _, f := range set {
 		f(&cfg)
 	}
 	tr := New(client, cfg)
 	t.Cleanup(func() {
 		_ = client.Close()
-		_ = tr.Drain(context.Background())
+		_ = tr.work.Wait(context.Background())
 	})
 	return tr
 }
 
-// slidingWindow returns the source of sliding_window.lua, at the module's
-// root.
-func slidingWindow(t *testing.T) string {
-	t.Helper()
-	src, err := os.ReadFile("../../sliding_window.lua")
-	require.NoError(t, err)
-	return string(src)
-}
+// slidingWindow returns the source of sliding_window.lua.
+func slidingWindow(*testing.T) string { return script.Source }
 
 // oneRequest returns the request of one decision of id against a limit of
 // rate a minute, at the start of a window: the current window's key, then

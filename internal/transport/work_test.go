@@ -15,7 +15,7 @@ import (
 )
 
 // Each Transport counts its own goroutines, whatever another does at once
-// (their watched calls share one pool), and Drain returns with nothing of
+// (their watched calls share one pool), and its group empties with nothing of
 // its own running.
 func TestEachTransportCountsItsGoroutines(t *testing.T) {
 	var trs [2]*Transport
@@ -43,7 +43,7 @@ func TestEachTransportCountsItsGoroutines(t *testing.T) {
 	}
 	wg.Wait()
 	for i, tr := range trs {
-		require.NoError(t, tr.Drain(context.Background()), "transport %d", i)
+		require.NoError(t, tr.work.Wait(context.Background()), "transport %d", i)
 		require.False(t, tr.work.Busy(), "transport %d: nothing counted runs", i)
 	}
 }

@@ -1,0 +1,34 @@
+// Package logs is how the library's default handlers log a failure that
+// may repeat at every call: through slog's default logger, at most a line
+// every Every, counting the lines left out, so that an outage under load
+// gives a line every few seconds rather than one per call.
+package logs
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// Every is how often, at most, a Limited logs.
+const Every = 10 * time.Second
+
+// Limited logs at most one line every Every. The zero Limited is ready,
+// and safe for simultaneous use.
+type Limited struct {
+	next    atomic.Int64 // Unix ns before which nothing is logged
+	dropped atomic.Int64 // lines not logged since the last one
+}
+
+// Warn logs msg and err at Warn level, now being now (by whatever clock
+// the caller paces itself), unless a line was logged less than Every
+// before: then it counts the line left out, which the next line reports.
+func (l *Limited) Warn(ctx context.Context, now time.Time, msg string, err error) {
+	n, next := now.UnixNano(), l.next.Load()
+	if n < next || !l.next.CompareAndSwap(next, n+int64(Every)) {
+		l.dropped.Add(1)
+		return
+	}
+	slog.Default().WarnContext(ctx, msg, "error", err, "errors_not_logged", l.dropped.Swap(0))
+}
