@@ -90,7 +90,6 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/httplimit"
-	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides each unary
@@ -279,31 +278,35 @@ type decided struct {
 	// parts are the identities the decision counted under, each with its
 	// limits, whose Results are results in the same order: the plan's
 	// identity first, then WithLimitsPer's that the call has.
-	parts   []part
-	one     [1]part // parts of a decision of one identity: no allocation of its own
+	parts   httplimit.Identities
+	one     [1]httplimit.Identity // parts of a decision of one identity: no allocation of its own
 	results []ratelimit.Result
 	binding ratelimit.Result
 	cost    int64
 }
 
-// part is one identity of a decision and the limits counted under it.
-type part = identity.Part
-
 // refund gives back the call's cost under every identity of d: what a full
-// concurrency limit or WithCountIf does not count (see identity.Refund).
+// concurrency limit or WithCountIf does not count (see
+// httplimit.Identities.Refund).
 func (d *decided) refund(ctx context.Context) {
-	identity.Refund(ctx, d.limiter, d.parts, d.results, d.cost)
+	d.parts.Refund(ctx, d.limiter, d.results, d.cost)
 }
 
 // withPer adds to parts, the plan pl's identity, each WithLimitsPer
 // identity the call has, and returns the plan of all their limits, for the
 // metadata. A plan whose names meet an identity's is an error, returned
-// with what planFor returns for a plan it refuses.
-func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, pl *httplimit.Plan, parts []part) (*httplimit.Plan, []part, []ratelimit.Result, error) {
+// with what planFor returns for a plan it refuses. With WithMethodLimits,
+// the ids of a call of no method of its start with '|', as httplimit's do
+// with WithRoute for a request of no route: "|<name>|<id>" is no id of a
+// method's calls.
+func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, pl *httplimit.Plan, parts httplimit.Identities) (*httplimit.Plan, httplimit.Identities, []ratelimit.Result, error) {
+	if prefix == "" && len(in.methods) > 0 {
+		prefix = "|"
+	}
 	var plans []*httplimit.Plan
 	for i, id := range in.cfg.perIDs(ctx, fullMethod, prefix) {
 		if id != "" {
-			parts = append(parts, part{ID: id, Limits: in.cfg.per[i].plan.Limits()})
+			parts = append(parts, httplimit.Identity{ID: id, Limits: in.cfg.per[i].plan.Limits()})
 			plans = append(plans, in.cfg.per[i].plan)
 		}
 	}
@@ -312,7 +315,7 @@ func (in *interceptor) withPer(ctx context.Context, fullMethod, prefix string, p
 	}
 	all, err := pl.Join(plans...)
 	if err != nil {
-		return nil, nil, identity.Unset(parts), fmt.Errorf("grpclimit: the plan with WithLimitsPer: %w", err)
+		return nil, nil, parts.Results(), fmt.Errorf("grpclimit: the plan with WithLimitsPer: %w", err)
 	}
 	return all, parts, nil, nil
 }
@@ -398,7 +401,7 @@ func Charge(ctx context.Context, n int64) error {
 	}
 	// The work is done: a caller that left owes it all the same, within the
 	// Limiter's timeout.
-	return identity.Charge(ctx, d.limiter, d.parts, n)
+	return d.parts.Charge(ctx, d.limiter, n)
 }
 
 // errMisconfigured answers every call of an interceptor whose configuration
@@ -545,12 +548,12 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 	d := &decided{}
 	if in.base == nil { // WithConcurrency alone: a slot, no rate plan
 		d.parts = d.one[:]
-		d.parts[0] = part{ID: c.identity(ctx, fullMethod)}
+		d.parts[0] = httplimit.Identity{ID: c.identity(ctx, fullMethod)}
 		d.limiter = in.limiter
 		return context.WithValue(ctx, decidedKey{}, d), nil, d, nil
 	}
 	pl, apart, results, err := in.planFor(ctx, fullMethod)
-	var parts []part
+	var parts httplimit.Identities
 	cost := int64(1)
 	if err == nil {
 		prefix := ""
@@ -561,20 +564,13 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (context.C
 			cost = c.cost(ctx, fullMethod)
 		}
 		parts = d.one[:]
-		parts[0] = part{ID: prefix + c.identity(ctx, fullMethod), Limits: pl.Limits()}
+		parts[0] = httplimit.Identity{ID: prefix + c.identity(ctx, fullMethod), Limits: pl.Limits()}
 		if len(c.per) > 0 {
 			pl, parts, results, err = in.withPer(ctx, fullMethod, prefix, pl, parts)
 		}
 	}
-	switch {
-	case err != nil:
-	case len(parts) == 1:
-		results, err = in.limiter.AllowAll(ctx, parts[0].ID, parts[0].Limits, cost)
-	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
-		results = identity.Unset(parts)
-		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
-	default:
-		results, err = in.limiter.AllowMany(ctx, identity.Quotas(parts, cost))
+	if err == nil {
+		results, err = parts.Allow(ctx, in.limiter, cost)
 	}
 	d.results, d.binding, d.cost = results, ratelimit.Binding(results), cost
 	if err == nil {

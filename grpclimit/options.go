@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/slidingwindow/ratelimit"
 	"github.com/slidingwindow/ratelimit/httplimit"
-	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Option configures an interceptor; pass options to UnaryServerInterceptor,
@@ -138,8 +138,10 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 // identity besides the plan's own (WithKeys'), as httplimit.WithLimitsPer
 // holds requests: the id key gives it, or with ClientAddress the client's
 // address as the interceptor computes it (WithTrustedMetadata, IPv6
-// prefix), counted as "<name>|<id>" (after "<method>|" for a method of
-// WithMethodLimits). The API key and the address at once:
+// prefix), counted as "<name>|<id>" (with WithMethodLimits, after
+// "<method>|" for a method of its, and after "|" for the others, so that
+// they never meet the ids of a method's calls). The API key and the
+// address at once:
 //
 //	grpclimit.NewUnary(limiter, ratelimit.Limit{Name: "per-key", Rate: 5000, Window: time.Hour},
 //		grpclimit.WithKeys(apiKey),
@@ -148,8 +150,8 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 // The plan's limits and every identity's are decided in one call of the
 // Limiter's AllowMany, all or nothing: a call that any of them denies is
 // counted under none. A call for which key returns "" has no such identity,
-// and its limits are left out of its decision. In a decision of several
-// identities no limit is Leased. Each of limits with no Name is named name,
+// and its limits are left out of its decision. A Leased limit is decided
+// from the lease of its identity's id. Each of limits with no Name is named name,
 // or with several limits name and its derived name ("per-ip-100-per-60s");
 // ratelimit-policy and ratelimit list every enforced limit, the plan's
 // first, then each identity's in the order of the options, the other
@@ -166,17 +168,15 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) {
-		var taken []string
-		for _, p := range c.per {
-			taken = append(taken, p.name)
+		pl, err := httplimit.NewPlanPer(name, limits...)
+		switch {
+		case err == nil && key == nil:
+			err = fmt.Errorf("WithLimitsPer(%q): the KeyFunc is nil (ClientAddress for the client's address)", name)
+		case err == nil && slices.ContainsFunc(c.per, func(p perIdentity) bool { return p.name == name }):
+			err = fmt.Errorf("WithLimitsPer(%q) given twice", name)
 		}
-		if err := identity.Check(name, key == nil, taken); err != nil {
-			c.errs = append(c.errs, fmt.Errorf("grpclimit: %w", err))
-			return
-		}
-		pl, err := httplimit.NewPlan(identity.Named(name, limits, PolicyName)...)
 		if err != nil {
-			c.errs = append(c.errs, fmt.Errorf("grpclimit: WithLimitsPer(%q): %w", name, err))
+			c.errs = append(c.errs, fmt.Errorf("grpclimit: %w", err))
 			return
 		}
 		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})

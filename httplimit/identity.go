@@ -100,14 +100,15 @@ func ClientAddress(r *http.Request) string {
 type clientAddressKey struct{}
 
 // perIDs returns the id of each of c.per for r, "" for an identity r does
-// not have; the route, if any, comes first, as identity puts it.
+// not have. With WithRoute, the route comes first, as identity puts it,
+// and '|' after it even for the empty route: "|<name>|<id>", so that no
+// id of a further identity is the plan's id of a route named as it is,
+// "<route>|<identity>" (or of a request of no route, its identity).
 func (c *config) perIDs(r *http.Request) []string {
 	r = r.WithContext(context.WithValue(r.Context(), clientAddressKey{}, c.ip.key(r)))
 	route := ""
 	if c.route != nil {
-		if route = c.route(r); route != "" {
-			route = routeEscaper.Replace(route) + "|"
-		}
+		route = routeEscaper.Replace(c.route(r)) + "|"
 	}
 	ids := make([]string, len(c.per))
 	for i, p := range c.per {

@@ -56,7 +56,6 @@ import (
 	"sync"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Middleware returns middleware that decides each request against limit
@@ -229,17 +228,14 @@ type decided struct {
 	// parts are the identities the decision counted under, each with its
 	// limits, whose Results are results in the same order: the plan's
 	// identity first, then WithLimitsPer's that the request has.
-	parts []part
-	one   [1]part // parts of a decision of one identity: no allocation of its own
+	parts Identities
+	one   [1]Identity // parts of a decision of one identity: no allocation of its own
 }
 
-// part is one identity of a decision and the limits counted under it.
-type part = identity.Part
-
 // refund gives back cost under every identity of d: what a full
-// concurrency limit or WithCountIf does not count (see identity.Refund).
+// concurrency limit or WithCountIf does not count (see Identities.Refund).
 func (d *decided) refund(ctx context.Context, cost int64) {
-	identity.Refund(ctx, d.limiter, d.parts, d.results, cost)
+	d.parts.Refund(ctx, d.limiter, d.results, cost)
 }
 
 // Charge charges the client of r, under the plan the middleware decided r against,
@@ -259,7 +255,7 @@ func Charge(r *http.Request, n int64) error {
 	}
 	// The work is done: a client that left owes it all the same, within the
 	// Limiter's timeout.
-	return identity.Charge(r.Context(), d.limiter, d.parts, n)
+	return d.parts.Charge(r.Context(), d.limiter, n)
 }
 
 type resultKey struct{}
@@ -313,13 +309,13 @@ type middleware struct {
 // identity r has, and returns the plan of all their limits, for the
 // headers. A plan of WithPlanFunc whose names meet an identity's is an
 // error, returned with what planFor returns for a plan it refuses.
-func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []part, []ratelimit.Result, error) {
+func (m *middleware) withPer(r *http.Request, pl *Plan, parts Identities) (*Plan, Identities, []ratelimit.Result, error) {
 	var set uint64
 	var plans []*Plan
 	for i, id := range m.cfg.perIDs(r) {
 		if id != "" {
 			set |= 1 << i
-			parts = append(parts, part{ID: id, Limits: m.cfg.per[i].plan.limits})
+			parts = append(parts, Identity{ID: id, Limits: m.cfg.per[i].plan.limits})
 			plans = append(plans, m.cfg.per[i].plan)
 		}
 	}
@@ -333,7 +329,7 @@ func (m *middleware) withPer(r *http.Request, pl *Plan, parts []part) (*Plan, []
 	}
 	all, err := pl.Join(plans...)
 	if err != nil {
-		return nil, nil, identity.Unset(parts), fmt.Errorf("httplimit: WithPlanFunc's plan with WithLimitsPer: %w", err)
+		return nil, nil, parts.Results(), fmt.Errorf("httplimit: WithPlanFunc's plan with WithLimitsPer: %w", err)
 	}
 	if pl == m.static {
 		m.withPerStatic.Store(set, all)
@@ -358,9 +354,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	d := &decided{}
-	parts := d.one[:]
+	parts := Identities(d.one[:])
 	if m.static == nil { // WithConcurrency alone: a slot, no rate plan
-		parts[0] = part{ID: c.identity(r)}
+		parts[0] = Identity{ID: c.identity(r)}
 		d.limiter, d.parts = m.limiter, parts
 		r = r.WithContext(context.WithValue(r.Context(), resultKey{}, d))
 		m.hold(w, r, next, d, 0)
@@ -372,23 +368,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if c.cost != nil {
 			cost = c.cost(r)
 		}
-		parts[0] = part{ID: c.identity(r), Limits: pl.limits}
+		parts[0] = Identity{ID: c.identity(r), Limits: pl.limits}
 		if len(c.per) > 0 {
 			pl, parts, results, err = m.withPer(r, pl, parts)
 		}
 	}
-	switch {
-	case err != nil:
-	case len(parts) == 1:
-		results, err = m.limiter.AllowAll(r.Context(), parts[0].ID, pl.limits, cost)
-	case cost < 1: // AllowMany would take a Cost of 0 as a look, counting nothing
-		results = make([]ratelimit.Result, len(pl.limits))
-		for i, limit := range pl.limits {
-			results[i].Limit = limit
-		}
-		err = fmt.Errorf("%w: cost %d is below 1", ratelimit.ErrInvalidCost, cost)
-	default:
-		results, err = m.limiter.AllowMany(r.Context(), identity.Quotas(parts, cost))
+	if err == nil {
+		results, err = parts.Allow(r.Context(), m.limiter, cost)
 	}
 	d.results, d.binding = results, ratelimit.Binding(results)
 	if err == nil {

@@ -44,7 +44,9 @@ func newEnv(t *testing.T, opts ...ratelimit.Option) *env {
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}),
 		ratelimit.WithTimeout(time.Minute),
 	}, opts...)
-	return &env{mr: mr, clock: clk, limiter: ratelimit.New(client, opts...)}
+	l := ratelimit.New(client, opts...)
+	t.Cleanup(func() { require.NoError(t, l.Close(context.Background())) }) // before the client closes
+	return &env{mr: mr, clock: clk, limiter: l}
 }
 
 // handler returns the middleware around a handler that answers 200 "ok" and

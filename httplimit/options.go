@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/slidingwindow/ratelimit"
-	"github.com/slidingwindow/ratelimit/internal/identity"
 )
 
 // Option configures a Middleware; pass options to New or Middleware. A With…
@@ -214,8 +214,10 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 // WithLimitsPer holds every request to limits counted under a further
 // identity besides the plan's own (WithKeys'): the id key gives it, or with
 // ClientAddress the client's address as the middleware computes it
-// (trusted proxies, IPv6 prefix), counted as "<name>|<id>" (after the route
-// and '|', with WithRoute). The API key and the address at once, as public
+// (trusted proxies, IPv6 prefix), counted as "<name>|<id>" (with WithRoute,
+// after the route and '|', for an empty route too: "|<name>|<id>", so that
+// they never meet the plan's ids of a route that has the identity's name).
+// The API key and the address at once, as public
 // APIs hold them:
 //
 //	httplimit.New(limiter, ratelimit.Limit{Name: "per-key", Rate: 5000, Window: time.Hour},
@@ -226,8 +228,8 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 // Limiter's AllowMany, all or nothing: a request that any of them denies is
 // counted under none. A request for which key returns "" has no such
 // identity, and its limits are left out of its decision (never counted
-// under another identity). In a decision of several identities no limit is
-// Leased: AllowMany decides in Redis.
+// under another identity). A Leased limit is decided from the lease of its
+// identity's id, as AllowMany decides it.
 //
 // name tells the identity's limits apart in the headers: each of limits
 // with no Name is named name, or with several limits name and its derived
@@ -247,17 +249,15 @@ func WithLimits(limits ...ratelimit.Limit) Option {
 func WithLimitsPer(name string, key KeyFunc, limits ...ratelimit.Limit) Option {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	return optionFunc(func(c *config) {
-		var taken []string
-		for _, p := range c.per {
-			taken = append(taken, p.name)
+		pl, err := NewPlanPer(name, limits...)
+		switch {
+		case err == nil && key == nil:
+			err = fmt.Errorf("WithLimitsPer(%q): the KeyFunc is nil (ClientAddress for the client's address)", name)
+		case err == nil && slices.ContainsFunc(c.per, func(p perIdentity) bool { return p.name == name }):
+			err = fmt.Errorf("WithLimitsPer(%q) given twice", name)
 		}
-		if err := identity.Check(name, key == nil, taken); err != nil {
-			c.errs = append(c.errs, fmt.Errorf("httplimit: %w", err))
-			return
-		}
-		pl, err := NewPlan(identity.Named(name, limits, PolicyName)...)
 		if err != nil {
-			c.errs = append(c.errs, fmt.Errorf("httplimit: WithLimitsPer(%q): %w", name, err))
+			c.errs = append(c.errs, fmt.Errorf("httplimit: %w", err))
 			return
 		}
 		c.per = append(c.per, perIdentity{name: name, key: key, plan: pl})

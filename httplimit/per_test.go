@@ -227,3 +227,53 @@ func TestLimitsPerReviewed(t *testing.T) {
 	_, err = httplimit.New(e.limiter, ratelimit.Limit{}, slots, zero)
 	require.ErrorContains(t, err, "WithCost with WithConcurrency alone")
 }
+
+// With WithRoute, a further identity's ids never meet the plan's ids of a
+// route named as the identity is: a route "per-ip" counts its plan under
+// "per-ip|<address>" (and its per-ip identity under
+// "per-ip|per-ip|<address>"), and the per-ip identity of a request of no
+// route under "|per-ip|<address>". Before, that identity counted under
+// "per-ip|<address>" too: three requests to /a used up the per-ip limit of
+// requests to /b, whose first request was a 429.
+func TestLimitsPerRouteNamedAsIdentity(t *testing.T) {
+	e := newEnv(t)
+	served := 0
+	route := httplimit.WithRoute(func(r *http.Request) string {
+		if r.URL.Path == "/a" {
+			return "per-ip"
+		}
+		return ""
+	})
+	plan := ratelimit.Limit{Name: "plan", Rate: 100, Window: time.Minute}
+	h := e.handler(&served, plan, route, httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, ratelimit.PerMinute(3)))
+	get := func(path string) int {
+		r := request("192.0.2.7:1234")
+		r.URL.Path = path
+		return serve(h, r).Code
+	}
+	for range 3 {
+		require.Equal(t, http.StatusOK, get("/a"))
+	}
+	require.Equal(t, http.StatusOK, get("/b"), "the first request to /b")
+	require.Equal(t, int64(3), e.count(t, "per-ip|ip:192.0.2.7", plan), "route per-ip's plan")
+	require.Equal(t, int64(3), e.count(t, "per-ip|per-ip|ip:192.0.2.7", ratelimit.PerMinute(3)), "route per-ip's per-ip identity")
+	require.Equal(t, int64(1), e.count(t, "|per-ip|ip:192.0.2.7", ratelimit.PerMinute(3)), "no route's per-ip identity")
+}
+
+// A Leased limit of a further identity is decided from its lease, not in
+// Redis on every request: WithLimitsPer once turned leasing off.
+func TestLimitsPerLeased(t *testing.T) {
+	e := newEnv(t)
+	served := 0
+	perIP := ratelimit.PerMinute(1000)
+	perIP.Leased = true
+	h := e.handler(&served, ratelimit.PerMinute(100), httplimit.WithLimitsPer("per-ip", httplimit.ClientAddress, perIP))
+	for range 20 {
+		require.Equal(t, http.StatusOK, serve(h, request("192.0.2.1:1234")).Code)
+	}
+	require.Equal(t, 20, served)
+	require.Positive(t, e.limiter.Stats().Leases, "the per-ip limit holds a lease")
+	held := e.limiter.Stats().LeasedUnits
+	require.Positive(t, held)
+	require.Equal(t, 20+held, e.count(t, "per-ip|ip:192.0.2.1", ratelimit.PerMinute(1000)), "Redis counted what was admitted and what the lease holds")
+}
