@@ -44,12 +44,14 @@ const closeTimeout = 10 * time.Second
 // the start of a second, a minute, an hour and a UTC day, month and year,
 // so that a time d after it lies d into a window of any of those lengths.
 //
-// The Limiter is what ratelimit.New makes, with two options of the kit's:
-// WithClock(clock.Now), and WithTimeout(time.Minute), so that a slow test
-// machine never turns a decision into the failure policy's. opts are
-// given after them, and so override them (a WithClock among them takes
-// decisions off the Clock); WithPrefix, WithFailurePolicy or any other
-// option applies as it would in production.
+// The Limiter is what ratelimit.New makes, with three options of the
+// kit's: WithClock(clock.Now); WithSleep, so that Limiter.Wait, instead of
+// sleeping, moves the Clock on by what it would sleep (and so passes, on
+// the Clock, as it would in real time); and WithTimeout(time.Minute), so
+// that a slow test machine never turns a decision into the failure
+// policy's. opts are given after them, and so override them (a WithClock
+// among them takes decisions off the Clock); WithPrefix, WithFailurePolicy
+// or any other option applies as it would in production.
 //
 // Each call starts a Redis of its own, so tests that call New may run in
 // parallel. When t ends, its Cleanup closes the Limiter (an error of its
@@ -63,7 +65,7 @@ func New(t testing.TB, opts ...ratelimit.Option) (*ratelimit.Limiter, *Clock) {
 	mr.SetTime(start)
 	c := &Clock{now: start, mr: mr}
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-	all := append([]ratelimit.Option{ratelimit.WithClock(c.Now), ratelimit.WithTimeout(time.Minute)}, opts...)
+	all := append([]ratelimit.Option{ratelimit.WithClock(c.Now), ratelimit.WithSleep(c.sleep), ratelimit.WithTimeout(time.Minute)}, opts...)
 	l := ratelimit.New(client, all...)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
@@ -77,7 +79,8 @@ func New(t testing.TB, opts ...ratelimit.Option) (*ratelimit.Limiter, *Clock) {
 }
 
 // Clock is the time of a Limiter that New returned: it stands still until
-// the test moves it with Advance or Set. The in-process Redis follows it:
+// the test moves it with Advance or Set, or the Limiter's Wait moves it on
+// by what it would sleep. The in-process Redis follows it:
 // its keys expire as it moves forward, and its TIME reads it, so that
 // concurrency slots (Limiter.Acquire), whose leases run on Redis's clock,
 // end on it too. A Clock is safe for simultaneous use by multiple
@@ -106,6 +109,16 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.move(c.now.Add(d))
+}
+
+// sleep is the Limiter's Wait's sleep: it moves the clock on by d, unless
+// ctx is done.
+func (c *Clock) sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.Advance(d)
+	return nil
 }
 
 // Set moves the clock to t, forward or back, and the in-process Redis with

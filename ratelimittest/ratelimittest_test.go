@@ -25,6 +25,32 @@ func TestStart(t *testing.T) {
 	}
 }
 
+// Wait on the kit's Limiter moves the Clock on by what it would sleep, and
+// passes as it would in real time: at once, in real time, with the Clock
+// moved past the denial's RetryAfter (and its jitter). Before the kit gave
+// the Limiter its sleep, the Clock stood still while Wait slept in real
+// time, and Wait failed at its deadline.
+func TestWaitMovesTheClock(t *testing.T) {
+	l, c := New(t)
+	limit := ratelimit.PerSecond(1)
+	res, err := l.Allow(context.Background(), "u", limit)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	before := c.Now()
+	denied, err := l.Peek(context.Background(), "u", limit)
+	require.NoError(t, err)
+	require.False(t, denied.Allowed)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a Wait in real time fails at it
+	defer cancel()
+	require.NoError(t, l.Wait(ctx, "u", limit))
+	moved := c.Now().Sub(before)
+	require.GreaterOrEqual(t, moved, denied.RetryAfter, "the Clock moved at least the wait")
+	require.LessOrEqual(t, moved, denied.RetryAfter+10*time.Millisecond, "and at most its jitter more (a hundredth of the window)")
+	res, err = l.Peek(context.Background(), "u", limit)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Count, "Wait's try was counted on the Clock")
+}
+
 // A window crossed by Advance admits again, at the millisecond the denial's
 // RetryAfter names and not one before.
 func TestAdvanceCrossesWindow(t *testing.T) {
