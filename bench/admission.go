@@ -2,8 +2,7 @@ package bench
 
 import (
 	"math"
-
-	"github.com/slidingwindow/ratelimit/internal/window"
+	"math/bits"
 )
 
 // Call is one admitted decision as its caller saw it: the Unix ms at which
@@ -36,8 +35,8 @@ type Admission struct {
 	// WorstWindow is the most admitted in one window, over Rate.
 	WorstWindow float64 `json:"worst_window"`
 	// WorstEstimate is the greatest sliding estimate of what was admitted,
-	// window.Estimate(the current window's, the previous window's, W, ms
-	// into the window), at any ms, over Rate. This library admits a
+	// estimate(the current window's, the previous window's, W, ms into the
+	// window), at any ms, over Rate. This library admits a
 	// request only if the estimate of what Redis has counted, with it,
 	// stays at most Rate; Redis counts every admitted request, and leased
 	// units before they are used.
@@ -136,11 +135,11 @@ func Account(calls []Call, w, rate int64) Admission {
 		prevBound := upTo(starts, begin-1) - upTo(ends, begin-w-1)
 		for t := max(begin, lo); t <= min(end, hi); t++ {
 			cur := upTo(ats, t) - upTo(ats, begin-1)
-			if e := float64(window.Estimate(cur, prev, w, t-begin)) / r; e > a.WorstEstimate {
+			if e := float64(estimate(cur, prev, w, t-begin)) / r; e > a.WorstEstimate {
 				a.WorstEstimate, a.WorstEstimateMs = e, t-begin
 			}
 			curBound := upTo(starts, t) - upTo(ends, begin-1)
-			a.WorstEstimateBound = max(a.WorstEstimateBound, float64(window.Estimate(curBound, prevBound, w, t-begin))/r)
+			a.WorstEstimateBound = max(a.WorstEstimateBound, float64(estimate(curBound, prevBound, w, t-begin))/r)
 		}
 	}
 	for t := lo + 2*w - 1; t <= hi; t++ {
@@ -159,4 +158,14 @@ func floorDiv(t, w int64) int64 {
 		i--
 	}
 	return i
+}
+
+// estimate is the sliding window counter's estimate, cur + floor(prev ×
+// (w-e) / w), for 0 <= e < w: the rule as the reference article states
+// it, written here apart from the library's own arithmetic so that the
+// bench checks the library rather than repeating it.
+func estimate(cur, prev, w, e int64) int64 {
+	hi, lo := bits.Mul64(uint64(prev), uint64(w-e))
+	q, _ := bits.Div64(hi, lo, uint64(w))
+	return cur + int64(q)
 }
