@@ -377,6 +377,47 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 		require.Equal(t, int64(3), n)
 	})
 
+	t.Run("AllowManyFromLeases", func(t *testing.T) {
+		e := mk(t)
+		var calls scriptCalls
+		e.client = hookedClient(t, e.client, &calls)
+		l := leasingByHand(t, e)
+		quotas := []ratelimit.Quota{{ID: "hot", Limit: leased, Cost: 1}, {ID: "tenant", Limit: leased, Cost: 1}}
+		for range 200 {
+			rs, err := l.AllowMany(ctx, quotas)
+			require.NoError(t, err)
+			require.True(t, rs[0].Allowed)
+		}
+		// Leases of each id double while they run out, up to Rate/20 = 50,
+		// as AllowN's do: a few calls a quota, not one a decision.
+		require.Less(t, calls.n.Load(), int64(30))
+		for range ratelimit.IdleSweeps {
+			ratelimit.SweepLeases(l)
+		}
+		ratelimit.Settle(l)
+		for _, id := range []string{"hot", "tenant"} {
+			require.Equal(t, int64(200), e.get(t, id, time.Minute, e.windowIndex(time.Minute)), "%s: what was admitted, once the leases went back", id)
+		}
+	})
+
+	t.Run("AllowManyRefusedGivesBackToTheLease", func(t *testing.T) {
+		e := mk(t)
+		l := leasingByHand(t, e)
+		tight := ratelimit.Limit{Rate: 3, Window: time.Second}
+		quotas := []ratelimit.Quota{{ID: "hot", Limit: leased, Cost: 1}, {ID: "user", Limit: tight, Cost: 1}}
+		for i := range 5 {
+			rs, err := l.AllowMany(ctx, quotas)
+			require.NoError(t, err)
+			require.Equal(t, i < 3, rs[0].Allowed, "decision %d", i)
+		}
+		ratelimit.Settle(l) // on a Cluster, a refused slot's give-backs
+		for range ratelimit.IdleSweeps {
+			ratelimit.SweepLeases(l)
+		}
+		ratelimit.Settle(l)
+		require.Equal(t, int64(3), e.get(t, "hot", time.Minute, e.windowIndex(time.Minute)), "the refused decisions counted nothing")
+	})
+
 	t.Run("Shadow", func(t *testing.T) {
 		e := mk(t)
 		l := leasing(t, e, ratelimit.WithShadow(true))

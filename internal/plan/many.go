@@ -169,6 +169,7 @@ func (p *Plan) Refused(failed bool) []*script.Request {
 	for i := range p.Spans {
 		if s := &p.Spans[i]; !s.Shadow {
 			p.Replies[s.Req].Allowed = false
+			p.Unsent &^= 1 << s.Req // refused, whether its leases decided it or not
 		}
 	}
 	return gives
