@@ -303,3 +303,35 @@ func TestCalendarParseLimit(t *testing.T) {
 		require.ErrorContains(t, err, says, s)
 	}
 }
+
+// A calendar limit in a zone of a fixed offset, named as calendar.go
+// advises (time.FixedZone("UTC+1", 3600)), reads back from its String as
+// the same limit: a zone of that name and offset, whose periods and keys
+// are the same. ParseLimit once refused it (time.LoadLocation knows no
+// "UTC+1"). A fixed zone whose name says another offset than its own is
+// refused, as its keys would name the offset another server reads.
+func TestCalendarFixedZoneRoundTrip(t *testing.T) {
+	at := time.Date(2026, 12, 6, 23, 30, 0, 0, time.UTC)
+	for _, zone := range []*time.Location{
+		time.FixedZone("UTC+1", 3600), time.FixedZone("UTC-05:30", -5*3600-30*60),
+		time.FixedZone("UTC+0545", 5*3600+45*60), time.FixedZone("UTC+14", 14*3600),
+	} {
+		limit := ratelimit.PerPeriod(100, ratelimit.Daily, zone)
+		require.NoError(t, limit.Validate(), zone)
+		got, err := ratelimit.ParseLimit(limit.String())
+		require.NoError(t, err, limit.String())
+		require.Equal(t, limit.String(), got.String())
+		require.Equal(t, zone.String(), got.Location.String(), "the same name: the same keys")
+		wantStart, wantEnd := ratelimit.Daily.Bounds(at, zone)
+		start, end := ratelimit.Daily.Bounds(at, got.Location)
+		require.True(t, wantStart.Equal(start) && wantEnd.Equal(end), "%s: the same periods", zone)
+	}
+	wrong := ratelimit.PerPeriod(100, ratelimit.Daily, time.FixedZone("UTC+1", 7200))
+	require.ErrorIs(t, wrong.Validate(), ratelimit.ErrInvalidLimit)
+	require.ErrorContains(t, wrong.Validate(), `"UTC+1" is not the offset from UTC its name says`)
+	for _, s := range []string{"5/daily@UTC+15", "5/daily@UTC+1:5", "5/daily@UTC+01:60", "5/daily@UTC1", "5/daily@UTC+"} {
+		_, err := ratelimit.ParseLimit(s)
+		require.ErrorIs(t, err, ratelimit.ErrInvalidLimit, s)
+		require.ErrorContains(t, err, "time zone", s)
+	}
+}

@@ -234,10 +234,16 @@ func runChargeRefund(t *testing.T, mk newEnv) {
 		edited.Limit = ratelimit.Limit{}
 		otherWindow := allowed
 		otherWindow.Limit.Window = time.Hour
+		// An invalid Limit anywhere is ErrInvalidLimit, as every method
+		// says; a Rate of 0 once passed, naming the same count.
+		zeroRate := allowed
+		zeroRate.Limit.Rate = 0
 		for name, rs := range map[string][]ratelimit.Result{
-			"one count twice": {allowed, allowed},
-			"Limit emptied":   {edited},
-			"another window":  {otherWindow},
+			"one count twice":       {allowed, allowed},
+			"Limit emptied":         {edited},
+			"another window":        {otherWindow},
+			"rate 0":                {zeroRate},
+			"an invalid one beside": {allowed, {Limit: ratelimit.Limit{Rate: 1, Window: time.Microsecond}}},
 		} {
 			require.ErrorIs(t, l.Refund(ctx, "u", rs, 1), ratelimit.ErrInvalidLimit, name)
 		}
