@@ -92,6 +92,7 @@ func newEnv(t *testing.T, limit ratelimit.Limit, opts []grpclimit.Option, limite
 	rdb := redis.NewClient(&redis.Options{Addr: e.mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	e.limiter = ratelimit.New(rdb, append([]ratelimit.Option{ratelimit.WithClock(e.clock.Now)}, limiterOpts...)...)
+	t.Cleanup(func() { require.NoError(t, e.limiter.Close(context.Background())) }) // before the client closes
 	unary, err := grpclimit.NewUnary(e.limiter, limit, opts...)
 	require.NoError(t, err)
 	stream, err := grpclimit.NewStream(e.limiter, limit, opts...)

@@ -101,3 +101,45 @@ func TestLimitsPerReviewed(t *testing.T) {
 	_, err = grpclimit.NewUnary(l, ratelimit.Limit{}, grpclimit.WithConcurrency(ratelimit.Concurrency{Max: 1, Lease: time.Minute}), zero)
 	require.ErrorContains(t, err, "WithCost with WithConcurrency alone")
 }
+
+// The twin of httplimit's TestLimitsPerRouteNamedAsIdentity: with
+// WithMethodLimits, a further identity's ids carry the method for a method
+// counted apart, "<method>|per-ip|<address>", and "|" for the others,
+// "|per-ip|<address>", so that none is the id of a method's own calls,
+// "<method>|<identity>", whatever the identity is named.
+func TestLimitsPerWithMethodLimits(t *testing.T) {
+	perIP := ratelimit.PerMinute(3)
+	e := newEnv(t, ratelimit.PerMinute(100), []grpclimit.Option{
+		grpclimit.WithMethodLimits(map[string][]ratelimit.Limit{"/test.Echo/A": {ratelimit.PerMinute(50)}}),
+		grpclimit.WithLimitsPer("per-ip", grpclimit.ClientAddress, perIP),
+	})
+	conn := e.dial(client)
+	require.Equal(t, codes.OK, call(t, conn, "A").code)
+	require.Equal(t, codes.OK, call(t, conn, "B").code)
+	require.Equal(t, codes.OK, call(t, conn, "B").code)
+	count := func(id string) int64 {
+		res, err := e.limiter.Peek(context.Background(), id, perIP)
+		require.NoError(t, err)
+		return res.Count
+	}
+	require.Equal(t, int64(1), count("/test.Echo/A|per-ip|ip:203.0.113.7"), "the method counted apart")
+	require.Equal(t, int64(2), count("|per-ip|ip:203.0.113.7"), "the others")
+	require.Zero(t, count("per-ip|ip:203.0.113.7"), "no id without the method's place")
+}
+
+// The twin of httplimit's TestLimitsPerLeased: a Leased limit of a further
+// identity is decided from its lease.
+func TestLimitsPerLeased(t *testing.T) {
+	perIP := ratelimit.PerMinute(1000)
+	perIP.Leased = true
+	e := newEnv(t, ratelimit.PerMinute(100), []grpclimit.Option{grpclimit.WithLimitsPer("per-ip", grpclimit.ClientAddress, perIP)})
+	conn := e.dial(client)
+	for range 20 {
+		require.Equal(t, codes.OK, call(t, conn, "A").code)
+	}
+	st := e.limiter.Stats()
+	require.Positive(t, st.Leases, "the per-ip limit holds a lease")
+	res, err := e.limiter.Peek(context.Background(), "per-ip|ip:203.0.113.7", ratelimit.PerMinute(1000))
+	require.NoError(t, err)
+	require.Equal(t, 20+st.LeasedUnits, res.Count, "Redis counted what was admitted and what the lease holds")
+}
