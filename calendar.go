@@ -1,6 +1,6 @@
-// Calendar periods: where a day, an ISO week, a month or a year starts and
-// ends in a time zone, to the instant, across DST changes and skipped
-// midnights.
+// Calendar periods: Period, its kinds, and where a period starts and ends
+// (internal/window finds it, to the instant, across DST changes and
+// skipped midnights).
 
 package ratelimit
 
@@ -15,10 +15,10 @@ type Period uint8
 
 // The calendar periods a Limit's Calendar takes, in its Location.
 const (
-	Daily   Period = iota + 1 // from local midnight
-	Weekly                    // ISO weeks: from Monday 00:00
-	Monthly                   // from the first of the month
-	Yearly                    // from the first of January
+	Daily   = Period(window.Daily)   // from local midnight
+	Weekly  = Period(window.Weekly)  // ISO weeks: from Monday 00:00
+	Monthly = Period(window.Monthly) // from the first of the month
+	Yearly  = Period(window.Yearly)  // from the first of January
 )
 
 // String returns "daily", "weekly", "monthly" or "yearly", or

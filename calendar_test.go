@@ -9,13 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func load(t *testing.T, name string) *time.Location {
-	t.Helper()
-	loc, err := time.LoadLocation(name)
-	require.NoError(t, err)
-	return loc
-}
-
 func TestPeriodString(t *testing.T) {
 	require.Equal(t, "daily", Daily.String())
 	require.Equal(t, "weekly", Weekly.String())
@@ -31,7 +24,8 @@ func TestPeriodString(t *testing.T) {
 func TestCalendarWait(t *testing.T) {
 	t.Parallel()
 	e := newWaitEnv(t)
-	ny := load(t, "America/New_York")
+	ny, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
 	e.clock.Set(time.Date(2026, 3, 7, 22, 30, 0, 0, ny))
 	limit := PerPeriod(2, Daily, ny)
 	e.fill(t, "a", limit, 2)

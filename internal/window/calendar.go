@@ -14,12 +14,12 @@ import (
 // 0 for none.
 type Period uint8
 
-// The calendar periods.
+// The calendar periods, as the root's Daily, Weekly, Monthly and Yearly.
 const (
-	Daily   Period = iota + 1 // from local midnight
-	Weekly                    // ISO weeks: from Monday 00:00
-	Monthly                   // from the first of the month
-	Yearly                    // from the first of January
+	Daily Period = iota + 1
+	Weekly
+	Monthly
+	Yearly
 )
 
 // Valid reports whether p is one of Daily, Weekly, Monthly and Yearly.
