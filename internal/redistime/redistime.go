@@ -111,7 +111,7 @@ func (c *Clock) Sync(ctx context.Context) error {
 	if c.ctxAware {
 		rt, err = c.client.Time(ctx).Result()
 	} else {
-		rt, err = transport.Watch(ctx, func(ctx context.Context) (time.Time, error) {
+		rt, err = transport.Watch(ctx, nil, func(ctx context.Context) (time.Time, error) {
 			return c.client.Time(ctx).Result()
 		})
 	}

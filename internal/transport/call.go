@@ -242,20 +242,26 @@ func send(ctx context.Context, c redis.UniversalClient, sc *script.Script, reqs 
 // kept a command past its return would see a later call's arguments there.)
 var argLists = sync.Pool{New: func() any { return new([]any) }}
 
-// Watch runs fn in a goroutine and returns when it does or when ctx is done,
-// whichever comes first: the client may not stop at ctx's deadline by
-// itself. In the second case fn goes on until the client's own timeouts end
-// it, and its result is dropped.
-func Watch[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+// Watch runs fn in a goroutine, counted in work if it is not nil, and
+// returns when fn does or when ctx is done, whichever comes first: the
+// client may not stop at ctx's deadline by itself. In the second case fn
+// goes on until the client's own timeouts end it, and its result is
+// dropped.
+func Watch[T any](ctx context.Context, work *group.Group, fn func(context.Context) (T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
+	run := func() {
 		v, err := fn(ctx)
 		done <- result{v, err}
-	}()
+	}
+	if work != nil {
+		work.Go(run)
+	} else {
+		go run()
+	}
 	select {
 	case r := <-done:
 		return r.v, r.err

@@ -22,10 +22,10 @@ func (t *Transport) checkEviction(srv *server) {
 	}
 	var cfg map[string]string
 	var err error
-	if t.ctxAware {
-		cfg, err = get(ctx)
+	if t.ctxAware || t.timed != nil && srv == t.one {
+		cfg, err = get(t.routed(ctx)) // bounded by the client, or its socket's deadlines
 	} else {
-		cfg, err = Watch(ctx, get)
+		cfg, err = Watch(ctx, t.work, get)
 	}
 	if err != nil {
 		return // best effort: managed services often disable CONFIG
