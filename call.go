@@ -1,7 +1,5 @@
 // The one send of every operation, and the tail of a call whose caller
-// left before Redis answered: its failure reaches the error handler and a
-// CallObserver when it comes, and what an Acquire may yet take is given
-// back once its call ends.
+// left before Redis answered.
 
 package ratelimit
 
@@ -33,10 +31,8 @@ type op struct {
 // call is the one send of every operation: it sends reqs in one call
 // through the transport, and their replies to out. It returns how long the
 // call took, for the Observer (0 without one, or when an open breaker made
-// no call), and the call's error. When the caller left before Redis
-// answered, there is no decision: the call's failure, if it fails, is
-// reported when it comes (see late), what an Acquire may take is released
-// once the call ends, and call returns left true and ctx's error once ctx is done.
+// no call), and the call's error; or, when the caller left before Redis
+// answered (see late), left true and ctx's error once ctx is done.
 func (l *Limiter) call(ctx context.Context, id string, reqs []*script.Request, out []script.Reply, o *op) (took time.Duration, left bool, err error) {
 	var start time.Time
 	if l.observer != nil {

@@ -20,8 +20,9 @@ import (
 // its slot. Close does not close the Redis client.
 //
 // It returns ctx's error if ctx is done first, and leaves the rest of the
-// work to end by itself; Close may then be called again, and goes on from
-// where it stopped: it gives back the leases and waits for the rest. Once
+// work to end by itself (the leases' give-backs sent); Close may then be
+// called again, and goes on from where it stopped: it gives back what
+// came back to a lease since, and waits for the rest. Once
 // a Close has returned nil, no goroutine of the Limiter's is left, and
 // every later Close returns nil at once. A Release or an Extend after it
 // is a call of its own, whose goroutines (a call whose caller left) end
@@ -35,15 +36,18 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.closed.Store(true)
 	l.stop() // Wait's sleeps, the lease sweeper
 	l.keeps.Close()
-	// The calls under way first: a decision may still settle into a lease.
-	if err := l.work.Wait(ctx); err != nil {
-		return err
-	}
+	// The calls under way first, then the leases: what a call settles into
+	// a lease after is given back at once (lease.Table.Close), so that a
+	// Close whose ctx ends while a call lasts gives back the leases too.
+	err := l.work.Wait(ctx)
 	if l.t != nil {
 		l.leases.Close()
-		if err := l.work.Wait(ctx); err != nil {
-			return err
-		}
+	}
+	if err == nil {
+		err = l.work.Wait(ctx)
+	}
+	if err != nil {
+		return err
 	}
 	l.doneOnce.Do(func() { close(l.done) })
 	return nil

@@ -37,9 +37,8 @@ func newPlan(n int) *plan.Plan {
 // decide makes a decision of cost n by id against limits (Allow, AllowN,
 // AllowAll) and fills out with its Results: from the leases of its Leased
 // limits when they hold the cost, from the deny cache when it holds a
-// denial, else by Redis or, when Redis fails, by the failure policy; out
-// through l.finish. p is its plan, with a span and a reply per limit, and
-// outs its outcomes.
+// denial, else by Redis or, when Redis fails, by the failure policy. p is
+// its plan, with a span and a reply per limit, and outs its outcomes.
 func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64, p *plan.Plan, outs []plan.Out, out []Result) error {
 	setLimits(out, limits)
 	if err := l.checkDecision(id, limits, n); err != nil {
@@ -54,15 +53,16 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 		return err
 	}
 	defer l.exit()
-	var taken *lease.Taken
+	var taken lease.Taken // on the stack: only a decision with a Leased limit fills it
 	var gives []*script.Request
 	if leased {
-		taken, gives = l.leases.TakePlan(p)
+		gives = l.leases.TakePlan(p, &taken, false)
 	}
 	reqs := p.Build(l.keys, id, l.countDenied, leased)
 	if leased && p.Unsent == 1<<len(reqs)-1 { // all decided from leases after all
 		l.leases.Later(id, gives)
 		p.Received(nil, 0)
+		taken.Settle(p, true)
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if l.denied != nil && l.denied.Deny(p, false) {

@@ -132,26 +132,18 @@ func (r Result) RefillAfter() time.Duration { return r.receipt.refill }
 // Result for none. The Results of Shadow limits, which decide nothing, are
 // passed over unless there are no others.
 func Binding(results []Result) Result {
-	best := -1
-	for i, r := range results {
-		if r.Limit.Shadow {
-			continue
-		}
-		if best < 0 || better(r, results[best]) {
-			best = i
-		}
-	}
-	if best < 0 {
+	for _, shadows := range []bool{false, true} { // the Shadow limits' only if no other
+		best := -1
 		for i, r := range results {
-			if best < 0 || better(r, results[best]) {
+			if (shadows || !r.Limit.Shadow) && (best < 0 || better(r, results[best])) {
 				best = i
 			}
 		}
+		if best >= 0 {
+			return results[best]
+		}
 	}
-	if best < 0 {
-		return Result{}
-	}
-	return results[best]
+	return Result{}
 }
 
 // better reports whether r binds more than b, the one so far.
@@ -172,7 +164,8 @@ func better(r, b Result) bool {
 // (Limit.Leased) hold unused, which would otherwise count in Redis until
 // their windows end, and waits for its goroutines: batches in flight,
 // give-backs and the calls of callers who left (each within the Limiter's
-// timeout), the look at each server's eviction policy (within a second),
+// timeout), the look at each server's eviction policy (within a second,
+// or a Cluster or Ring client's ReadTimeout if it ignores ctx deadlines),
 // and while the Limiter holds leases, the one that gives back what goes
 // unused.
 type Limiter struct {
@@ -230,7 +223,10 @@ var limiters atomic.Uint64
 // is used as it is: no batching, and each decision's deadline watched from
 // a goroutine. New adds a go-redis hook to the client (for a Cluster or a
 // Ring, to its nodes' clients) that records dial errors, so that a timeout
-// can name the last one; it does nothing else to a command.
+// can name the last one; and, to a *redis.Client whose
+// ContextTimeoutEnabled is not set, at the Limiter's first call, a hook
+// that sends the Limiter's own commands through a copy of it with the
+// Limiter's timeout (see WithTimeout). It does nothing else to a command.
 func New(client redis.UniversalClient, opts ...Option) *Limiter {
 	cfg := defaultConfig()
 	for _, opt := range opts {
@@ -307,7 +303,8 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // Limits of the same Window share one count per id: see Limit.
 //
 // The error is non-nil for invalid input (ErrInvalidID, ErrInvalidLimit,
-// ErrInvalidCost), when ctx is done before Redis answers (ctx.Err()), and
+// ErrInvalidCost), when ctx is done before Redis answers and the caller
+// leaves (ctx.Err(); see FailurePolicy for when it does), and
 // when Redis cannot decide under FailClosed (ErrUnavailable). A cost above
 // limit.Rate is denied with RetryAfter InfDuration; one above 2^53, more
 // than any Rate, is ErrInvalidCost.

@@ -91,13 +91,16 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 	if leased && l.leases.ServePlan(p, false) {
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
 	}
-	var taken *lease.Taken
+	var taken lease.Taken
 	if leased {
-		var gives []*script.Request
-		taken, gives = l.leases.TakePlan(p)
-		l.leases.Later(id, gives) // of other ids' slots, maybe: not in this call
+		l.leases.TakePlan(p, &taken, true) // give-backs of other ids' slots, maybe: not in this call
 	}
 	groups := p.BuildMany(l.keys, l.slotOf())
+	if leased && p.Unsent == 1<<len(p.Reqs)-1 { // all decided from leases after all
+		p.Received(nil, 0)
+		taken.Settle(p, true)
+		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
+	}
 	if l.denied != nil && l.denied.Deny(p, true) {
 		if leased {
 			taken.Settle(p, false)

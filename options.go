@@ -23,12 +23,13 @@ const defaultPrefix = "ratelimit"
 // FailurePolicy decides a request when Redis cannot: when it is unreachable,
 // slow past the timeout, or answers with an error. It decides only for a
 // caller who still waits: one whose own ctx is done first (its deadline
-// shorter than WithTimeout's, or canceled before its call is answered, on
-// a client of its own that stops at a ctx's cancel) gets its ctx's error
-// and no Result; its call's failure still goes to the error handler and a
-// CallObserver (Event.Left), and counts toward the circuit breaker. (A
-// go-redis client, of either kind, waits for a reply under way whatever
-// its ctx's cancel: the caller then gets what Redis decided.)
+// shorter than WithTimeout's, or canceled before its call is answered)
+// gets its ctx's error and no Result; its call's failure still goes to the
+// error handler and a CallObserver (Event.Left), and counts toward the
+// circuit breaker. (A caller canceled whose deadline is not shorter than
+// WithTimeout's waits, on a go-redis client of either kind, for the reply
+// of a call under way, and gets what Redis decided; an Acquire then gives
+// back the slot and returns ctx's error.)
 type FailurePolicy int
 
 const (
@@ -182,15 +183,17 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 //
 // The bound holds whatever the client's own timeouts. A *redis.Client
 // whose ContextTimeoutEnabled is false (go-redis's default) ignores ctx
-// deadlines: the Limiter sends its calls through a copy of it whose read
-// and write timeouts are d (Client.WithTimeout), so that a call ends on its
-// caller's goroutine about when d has passed, as on a client that stops at
-// ctx deadlines. The copy shares the client's connections; it is reached
-// through a hook the Limiter adds to the client at its first call, so that
-// the hooks added before see its commands, and those added after do not.
-// With another client that ignores ctx deadlines, the Limiter stops
-// waiting for the reply itself, and the client gives up on the connection
-// later, after its ReadTimeout. For a ctx that is never
+// deadlines: for a d of up to an hour, the Limiter sends its calls through
+// a copy of it whose read and write timeouts are d and a tick (below;
+// Client.WithTimeout), so that a call ends on its caller's goroutine about
+// when d has passed (a wait for one of the pool's connections adds to it,
+// up to d), as on a client that stops at ctx deadlines. The copy shares
+// the client's connections; it is reached through a hook the Limiter adds
+// to the client at its first call, so that the hooks added before see its
+// commands, and those added after do not. With another client that ignores
+// ctx deadlines, the Limiter stops waiting for the reply itself, and the
+// client gives up on the connection later, after its ReadTimeout. For a
+// ctx that is never
 // canceled (context.Background), the deadline is d rounded up by at most a
 // ms or a thousandth of d, whichever is more (a sixteenth of a d under
 // 16 ms), so that the decisions of that span share one timer. A d of zero

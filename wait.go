@@ -37,7 +37,8 @@ func (l *Limiter) Wait(ctx context.Context, id string, limit Limit) error {
 // the same millisecond. The jitter is left out when it would carry the sleep
 // to ctx's deadline. Waiters are not queued: under contention whoever tries
 // first after the window frees up gets in, and one waiter may be denied
-// again. Sleeps are in real time, whatever clock WithClock set.
+// again. Sleeps are in real time, whatever clock WithClock set, unless
+// WithSleep says how to sleep.
 //
 // To pace calls to a third party that counts its quota over any span of
 // the window (most do), make the limit Strict: a sliding limit is an

@@ -208,17 +208,26 @@ func (t *Table) Serve(asks []Ask, look bool, grants []Grant) bool {
 // to Redis, what its lease holds of the cost, up to all of it, and fills
 // grants, one per ask, with what the lease held and what to ask Redis to
 // count and to lease. It returns the give-backs of leases whose window has
-// passed, for the same call. Every grant must be settled (Settle).
-func (t *Table) Take(asks []Ask, grants []Grant) []*script.Request {
+// passed, for the same call; when later, it leaves them to the sweeper
+// instead, each under its ask's id. Every grant must be settled (Settle).
+func (t *Table) Take(asks []Ask, grants []Grant, later bool) []*script.Request {
 	var gives []*script.Request
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range asks {
 		a := &asks[i]
+		if t.closed { // a call under way as the Limiter closes: unleased
+			grants[i] = Grant{Need: a.N, Most: a.N, entry: &lease{reset: true}}
+			continue
+		}
 		e := t.entry(a.ID, a.Pos)
 		if !e.current(a.Pos, a.Rate) {
 			if e.left > 0 && e.key != "" {
-				gives = append(gives, script.GiveBack(e.left, e.key))
+				if give := script.GiveBack(e.left, e.key); later {
+					t.queue(pendingGive{a.ID, e.at, give})
+				} else {
+					gives = append(gives, give)
+				}
 				t.forget(a.ID, a.Pos)
 				if e.left > e.size/2 { // expired unused: ask for less
 					e.size = max(1, e.size/2)
@@ -294,8 +303,14 @@ func (t *Table) drop(k table.Key, e *lease) {
 
 // queue appends g to the give-backs waiting for the sweeper, unless
 // the table's bound of them already wait: then it is dropped, which
-// under-uses the limit and never over-admits. Called with t.mu held.
+// under-uses the limit and never over-admits. After Close, g is sent at
+// once: what a call under way settles after it goes back too. Called with
+// t.mu held.
 func (t *Table) queue(g pendingGive) {
+	if t.closed { // no sweeper to come: at once, in a goroutine Close waits for
+		t.cfg.Go(func() { t.send(g) })
+		return
+	}
 	if len(t.pending) < t.cfg.Max {
 		t.pending = append(t.pending, g)
 	} else {
@@ -474,11 +489,12 @@ func (t *Table) run() {
 	}
 }
 
-// Close ends the table for the Limiter's Close, which has stopped every
-// call that could settle into it: it drops every lease and sends what they
-// hold back, with every pending give-back, each in a call of its own in
-// the Limiter's background (they batch), which Close waits for. No sweeper
-// starts after it. It may be called again, and gives back what came since.
+// Close ends the table for the Limiter's Close: it drops every lease and
+// sends what they hold back, with every pending give-back, each in a call
+// of its own in the Limiter's background (they batch), which Close waits
+// for. No sweeper starts after it, and no lease: a call under way after it
+// takes none, and what it settles into a lease goes back at once (queue).
+// It may be called again.
 func (t *Table) Close() {
 	t.mu.Lock()
 	t.closed = true

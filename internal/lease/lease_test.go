@@ -34,11 +34,11 @@ func TestOneRefillAtATime(t *testing.T) {
 	grow := func(n int) { // leases double while they run out: 1, 2, 4, ...
 		for range n {
 			asks, grants := []Ask{ask()}, make([]Grant, 1)
-			tb.Take(asks, grants)
+			tb.Take(asks, grants, false)
 			tb.Settle(asks, grants, []Answer{{Allowed: true}})
 			for {
 				asks, grants := []Ask{ask()}, make([]Grant, 1)
-				tb.Take(asks, grants)
+				tb.Take(asks, grants, false)
 				if !grants[0].Local {
 					tb.Settle(asks, grants, []Answer{{Allowed: true}})
 					break
@@ -57,7 +57,7 @@ func TestOneRefillAtATime(t *testing.T) {
 	for i := range asks {
 		asks[i], grants[i] = []Ask{ask()}, make([]Grant, 1)
 		for {
-			tb.Take(asks[i], grants[i])
+			tb.Take(asks[i], grants[i], false)
 			if !grants[i][0].Local {
 				break
 			}
@@ -87,11 +87,11 @@ func TestRefillRoomCountsWhatIsTaken(t *testing.T) {
 	*e = lease{rate: rate, at: pos, key: "k", left: 6, size: 10}
 	taker := []Ask{{ID: "hot", Rate: rate, N: 6, Pos: pos, Key: "k"}}
 	takerGrant := make([]Grant, 1)
-	tb.Take(taker, takerGrant) // all 6, decided here, but held by a request still in flight
+	tb.Take(taker, takerGrant, false) // all 6, decided here, but held by a request still in flight
 	require.True(t, takerGrant[0].Local)
 	refill := []Ask{{ID: "hot", Rate: rate, N: 1, Pos: pos, Key: "k"}}
 	refillGrant := make([]Grant, 1)
-	tb.Take(refill, refillGrant)
+	tb.Take(refill, refillGrant, false)
 	require.Equal(t, int64(1), refillGrant[0].Need)
 	require.Equal(t, int64(4), refillGrant[0].Most-refillGrant[0].Need, "Cap 10 less the 6 taken")
 	tb.Settle(refill, refillGrant, []Answer{{Allowed: true}}) // 3 leased beyond the need (Redis grants half of what is left)

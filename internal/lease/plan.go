@@ -49,49 +49,53 @@ func (t *Table) ServePlan(p *plan.Plan, look bool) bool {
 	return true
 }
 
-// Taken is what the table granted the spans of a plan on its way to Redis:
-// at[j] is the span of asks[j] and grants[j].
+// Taken is what the table granted the spans of a plan on its way to Redis,
+// for its caller's stack: at[j] is the span of asks[j] and grants[j], for
+// j below n.
 type Taken struct {
 	t      *Table
-	at     []int
-	asks   []Ask
-	grants []Grant
+	n      int
+	at     [plan.MaxLimits]int
+	asks   [plan.MaxLimits]Ask
+	grants [plan.MaxLimits]Grant
 }
 
 // TakePlan takes from the leases of p's spans whose limits lease what they
-// hold of their costs, and marks each span with its grant (see Take). It
-// returns the grants, which Settle ends, and the give-backs of leases
-// whose window has passed, for the same call.
-func (t *Table) TakePlan(p *plan.Plan) (*Taken, []*script.Request) {
-	tk := &Taken{t: t}
+// hold of their costs, marks each span with its grant (see Take), and
+// keeps the grants in tk, which Settle ends. It returns the give-backs of
+// leases whose window has passed, for the same call; or, when later (the
+// spans are of several ids, whose keys a call may not hold together), it
+// leaves them to the sweeper, each under its own id.
+func (t *Table) TakePlan(p *plan.Plan, tk *Taken, later bool) []*script.Request {
+	tk.t, tk.n = t, 0
 	for i := range p.Spans {
 		if s := &p.Spans[i]; s.Lease {
-			tk.at = append(tk.at, i)
-			tk.asks = append(tk.asks, Ask{ID: s.ID, Rate: s.Rate, N: s.Cost, Pos: s.Pos})
+			tk.at[tk.n] = i
+			tk.asks[tk.n] = Ask{ID: s.ID, Rate: s.Rate, N: s.Cost, Pos: s.Pos}
+			tk.n++
 		}
 	}
-	tk.grants = make([]Grant, len(tk.asks))
-	gives := t.Take(tk.asks, tk.grants)
-	for j, i := range tk.at {
+	gives := t.Take(tk.asks[:tk.n], tk.grants[:tk.n], later)
+	for j, i := range tk.at[:tk.n] {
 		s, g := &p.Spans[i], &tk.grants[j]
 		s.Granted, s.Local, s.Need, s.Most = true, g.Local, g.Need, g.Most
 		if g.Local {
 			s.Seen = g.Seen
 		}
 	}
-	return tk, gives
+	return gives
 }
 
 // Settle ends what TakePlan began, once p's call is answered (ok) or has
-// failed: each grant is allowed if its request was (or was not sent,
-// decided from leases), with the counts Redis saw, at the key its request
-// counts it in (see Table.Settle).
+// failed, or p was decided without one: each grant is allowed if its
+// request was (or was not sent, decided from leases), with the counts
+// Redis saw, at the key its request counts it in (see Table.Settle).
 func (tk *Taken) Settle(p *plan.Plan, ok bool) {
-	answers := make([]Answer, len(tk.at))
-	for j, i := range tk.at {
+	var answers [plan.MaxLimits]Answer
+	for j, i := range tk.at[:tk.n] {
 		s := &p.Spans[i]
 		tk.asks[j].Key = p.Reqs[s.Req].Keys[s.First]
 		answers[j] = Answer{Allowed: ok && (p.Replies[s.Req].Allowed || p.Unsent&(1<<s.Req) != 0), Seen: s.Seen}
 	}
-	tk.t.Settle(tk.asks, tk.grants, answers)
+	tk.t.Settle(tk.asks[:tk.n], tk.grants[:tk.n], answers[:tk.n])
 }

@@ -77,12 +77,20 @@ type tick struct {
 	timed      *redis.Client // the transport's: see routed
 }
 
-// Deadline, Done and Err are the tick's; Value is the caller's.
+// Deadline, Done and Err are the tick's; Value is the caller's, but for
+// the copy of the client a call is routed through.
 func (c *tickCtx) Deadline() (time.Time, bool) { return c.tick.at, true }
 
 func (c *tickCtx) Done() <-chan struct{} { return c.tick.done }
 
-func (c *tickCtx) via() *redis.Client { return c.tick.timed }
+// Value is the transport's copy of its client for routeKey, when it has
+// one (see routed), else the caller's.
+func (c *tickCtx) Value(key any) any {
+	if key == (routeKey{}) && c.tick.timed != nil {
+		return c.tick.timed
+	}
+	return c.Context.Value(key)
+}
 
 func (c *tickCtx) Err() error {
 	select {

@@ -14,12 +14,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A routed context is the context of a call the client's routing hook
-// sends through via, when via is not nil: a copy of the client with the
-// Limiter's timeouts (Client.WithTimeout), which shares its connections.
-type routed interface {
-	via() *redis.Client
-}
+// routeKey is the key under which a call's context holds the copy of the
+// client, with the Limiter's timeouts (Client.WithTimeout), that the
+// client's routing hook sends it through: a key, so that the hook finds
+// the copy through a context an earlier hook wrapped the call's in (a
+// trace's span, say).
+type routeKey struct{}
 
 // viaCtx is a call's context that the routing hook sends through a copy.
 type viaCtx struct {
@@ -27,7 +27,13 @@ type viaCtx struct {
 	timed *redis.Client
 }
 
-func (c *viaCtx) via() *redis.Client { return c.timed }
+// Value is the copy for routeKey, else ctx's.
+func (c *viaCtx) Value(key any) any {
+	if key == (routeKey{}) {
+		return c.timed
+	}
+	return c.Context.Value(key)
+}
 
 // routed returns ctx, the context of one of t's calls, as the routing hook
 // of t's client sends it through t.timed; ctx itself when t has no copy,
@@ -44,22 +50,21 @@ func (t *Transport) routed(ctx context.Context) context.Context {
 	return &viaCtx{Context: ctx, timed: t.timed}
 }
 
-// routeHook sends a command whose context is routed through that context's
-// copy of the client: after the hooks added to the client before it, which
-// see the Limiter's commands, and in place of those added after, which do
-// not. A copy made with Client.WithTimeout has no hooks of its own
-// (go-redis v9.23), so that a command sent to it directly would pass none.
-// Every other command goes on as it came.
+// routeHook sends a command whose context holds a copy of the client
+// (routeKey) through that copy: after the hooks added to the client before
+// it, which see the Limiter's commands, and in place of those added after,
+// which do not. A copy made with Client.WithTimeout has no hooks of its own
+// (go-redis v9.23; TestCopiesHaveNoHooks holds it to that, as a copy with
+// this hook would send to itself): a command sent to it directly would
+// pass none. Every other command goes on as it came.
 type routeHook struct{}
 
 func (routeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (routeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if r, ok := ctx.(routed); ok {
-			if via := r.via(); via != nil {
-				return via.Process(ctx, cmd)
-			}
+		if via, _ := ctx.Value(routeKey{}).(*redis.Client); via != nil {
+			return via.Process(ctx, cmd)
 		}
 		return next(ctx, cmd)
 	}
