@@ -400,6 +400,29 @@ func runLeaseSemantics(t *testing.T, mk newEnv) {
 		}
 	})
 
+	t.Run("AllowManyConcurrent", func(t *testing.T) {
+		// Many goroutines at once, on leases of short windows of real time,
+		// renewed all the while: a decision whose lease was short when asked
+		// and held its cost once a refill landed sends nothing (it once sent
+		// an empty call, and panicked within a second).
+		e := mk(t)
+		l := leasing(t, e, ratelimit.WithClock(time.Now))
+		quotas := []ratelimit.Quota{{ID: "hot", Limit: ratelimit.Limit{Rate: 1000, Window: 100 * time.Millisecond, Leased: true}, Cost: 1}}
+		var failed firstError
+		var wg sync.WaitGroup
+		stop := time.Now().Add(500 * time.Millisecond)
+		for range 16 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					_, err := l.AllowMany(ctx, quotas)
+					failed.report(err)
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, failed.get())
+	})
+
 	t.Run("AllowManyRefusedGivesBackToTheLease", func(t *testing.T) {
 		e := mk(t)
 		l := leasingByHand(t, e)
