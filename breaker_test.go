@@ -151,7 +151,7 @@ func TestBadKeyFailsItsDecisionAlone(t *testing.T) {
 						handled[id] = append(handled[id], err)
 					}))
 				limit := PerMinute(10)
-				bad := l.keys.Append(nil, "bad", locate(clk.Now().UnixMilli(), limit))[0]
+				bad := l.keys.Append(nil, "bad", locate(clk.Now().UnixMilli(), &limit))[0]
 				require.NoError(t, client.Set(ctx, bad, "not a number", 0).Err())
 
 				ids := []string{"a", "b", "bad", "c", "d"}

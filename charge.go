@@ -129,7 +129,7 @@ func (l *Limiter) Refund(ctx context.Context, id string, results []Result, n int
 			continue
 		}
 		limit := results[i].Limit // checked: the count it counted in
-		p := locate(now, limit)
+		p := locate(now, &limit)
 		if p.Gone(r.window) {
 			continue // slid out of the span, or the period ended: nothing to give back
 		}
@@ -167,7 +167,7 @@ func (l *Limiter) GiveBack(ctx context.Context, id string, limits []Limit, n int
 	at := make([]window.Position, len(limits))
 	keys := make([]string, len(limits))
 	for i, limit := range limits {
-		at[i] = locate(now, limit)
+		at[i] = locate(now, &limit)
 		keys[i] = l.keys.Append(nil, id, at[i])[0]
 	}
 	return l.giveBack(ctx, id, &op{kind: EventGiveBack, limits: limits, cost: n}, resultsOf(limits), at, keys)

@@ -196,7 +196,7 @@ func (l Limit) Validate() error {
 }
 
 // problem says what Validate rejects l for; "" for nothing.
-func (l Limit) problem() string { return l.window().Problem() }
+func (l *Limit) problem() string { return l.window().Problem() }
 
 // ParseLimit parses a limit from configuration as String prints it: a rate,
 // "/", a window as time.ParseDuration reads it or a calendar period (daily,

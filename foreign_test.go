@@ -58,7 +58,7 @@ func testForeignValue(t *testing.T, client redis.UniversalClient, f redistest.Fo
 	var handled []error
 	l := New(client, WithClock(clk.Now), WithPrefix(t.Name()), WithTimeout(time.Minute), WithFailurePolicy(FailClosed),
 		WithErrorHandler(func(_ context.Context, _ string, err error) { handled = append(handled, err) }))
-	pos := locate(clk.Now().UnixMilli(), limit)
+	pos := locate(clk.Now().UnixMilli(), &limit)
 	keys := l.keys.Append(nil, "bad", pos)
 	// the current window's key, and an older one that the limit still reads
 	for _, key := range []string{keys[0], keys[len(keys)-1]} {

@@ -114,7 +114,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int64(-1), int64(math.MaxInt64), int64(math.MinInt64))
 	limit := Limit{Rate: math.MaxInt64 / 1000, Window: time.Second}
 	f.Fuzz(func(t *testing.T, flag, cur, prev int64) {
-		r := &script.Request{Cost: 1, NLimits: 1, Keys: []string{"a", "b"}, Limits: []script.LimitArgs{script.Args(limit.Rate, locate(0, limit))}}
+		r := &script.Request{Cost: 1, NLimits: 1, Keys: []string{"a", "b"}, Limits: []script.LimitArgs{script.Args(limit.Rate, locate(0, &limit))}}
 		out := make([]script.Reply, 1)
 		err := script.Decode([]int64{flag, cur, prev}, []*script.Request{r}, out)
 		if err != nil {

@@ -113,7 +113,7 @@ func PerDay(rate int64) Limit { return Limit{Rate: rate, Window: 24 * time.Hour}
 func (l Limit) String() string { return l.window().String() }
 
 // window returns l in internal/window's terms.
-func (l Limit) window() window.Limit {
+func (l *Limit) window() window.Limit {
 	return window.Limit{Rate: l.Rate, Window: l.Window, Strict: l.Strict, Shadow: l.Shadow, Leased: l.Leased,
 		Period: window.Period(l.Calendar), Loc: l.Location}
 }

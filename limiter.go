@@ -281,6 +281,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		Quit:   l.quit.Done(),
 		Max:    cfg.maxLeases,
 		Manual: cfg.sweepByHand,
+		Wait:   cfg.timeout,
 	})
 	return l
 }
@@ -310,7 +311,8 @@ func (l *Limiter) Allow(ctx context.Context, id string, limit Limit) (Result, er
 // than any Rate, is ErrInvalidCost.
 func (l *Limiter) AllowN(ctx context.Context, id string, limit Limit, n int64) (Result, error) {
 	var o one
-	p := o.Plan()
+	var p plan.Plan
+	p.Spans, p.Replies = o.Spans[:], o.Replies[:]
 	err := l.decide(ctx, id, o.of(limit), n, &p, o.Outs[:], o.results[:])
 	return o.results[0], err
 }
@@ -342,7 +344,8 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, limits []Limit, n int
 // answers without Redis, as a decision from it would count.
 func (l *Limiter) Peek(ctx context.Context, id string, limit Limit) (Result, error) {
 	var o one
-	p := o.Plan()
+	var p plan.Plan
+	p.Spans, p.Replies = o.Spans[:], o.Replies[:]
 	err := l.look(ctx, id, o.of(limit), &p, o.Outs[:], o.results[:])
 	return o.results[0], err
 }
@@ -373,7 +376,7 @@ func (l *Limiter) Reset(ctx context.Context, id string, limit Limit) error {
 	if err := l.checkDecision(id, []Limit{limit}, 1); err != nil {
 		return err
 	}
-	pos := locate(l.now().UnixMilli(), limit)
+	pos := locate(l.now().UnixMilli(), &limit)
 	keys := l.keys.Append(nil, id, pos)
 	var out [1]script.Reply
 	_, left, err := l.call(ctx, id, []*script.Request{{Kind: script.KindDelete, Keys: keys}}, out[:], &op{quiet: true})

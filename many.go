@@ -83,12 +83,12 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 	leased := false
 	for i, q := range quotas {
 		lease := q.Limit.Leased && q.Cost > 0 // a quota of 0 takes no lease
-		p.Spans[i] = plan.Span{ID: q.ID, Rate: q.Limit.Rate, Cost: q.Cost, Shadow: q.Limit.Shadow, Pos: locate(now, q.Limit), Lease: lease}
+		p.Spans[i] = plan.Span{ID: q.ID, Rate: q.Limit.Rate, Cost: q.Cost, Shadow: q.Limit.Shadow, Pos: locate(now, &q.Limit), Lease: lease}
 		o.cost = max(o.cost, q.Cost)
 		leased = leased || lease
 	}
 	outs := make([]plan.Out, len(quotas))
-	if leased && l.leases.ServePlan(p, false) {
+	if leased && l.leases.ServePlan(ctx, p, false) {
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
 	}
 	var taken lease.Taken

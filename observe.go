@@ -201,17 +201,15 @@ func (l *Limiter) fill(out []Result, outs []plan.Out, p *plan.Plan) {
 	var h uint64 // idHash of hid
 	var hid string
 	for i := range out {
-		o := &outs[i]
-		limit := out[i].Limit
-		r := Result{Allowed: o.Allowed, Count: o.Count, Limit: limit, Remaining: o.Remaining,
-			RetryAfter: o.RetryAfter, ResetAfter: o.ResetAfter, Shadowed: o.Shadowed}
+		o, r := &outs[i], &out[i] // in place: a Result is large
+		r.Allowed, r.Count, r.Remaining, r.RetryAfter, r.ResetAfter = o.Allowed, o.Count, o.Remaining, o.RetryAfter, o.ResetAfter
+		r.Degraded, r.Shadowed, r.receipt = false, o.Shadowed, receipt{}
 		if o.Counted > 0 {
 			if id := p.Spans[i].ID; h == 0 || id != hid {
 				h, hid = idHash(id), id
 			}
-			r.receipt = receipt{by: l.serial, id: h, window: o.Window, counted: o.Counted, ms: limit.Window.Milliseconds(),
-				strict: limit.Strict, cal: limit.Calendar, loc: limit.Location, refill: o.Refill}
+			r.receipt = receipt{by: l.serial, id: h, window: o.Window, counted: o.Counted, ms: r.Limit.Window.Milliseconds(),
+				strict: r.Limit.Strict, cal: r.Limit.Calendar, loc: r.Limit.Location, refill: o.Refill}
 		}
-		out[i] = r
 	}
 }

@@ -277,7 +277,7 @@ func BenchmarkOneDecision(b *testing.B) {
 				b.Fatal(err)
 			}
 			values := func(a script.LimitArgs) []any { return []any{a.Rate, a.Window, a.TTL, int64(1), a.Weight} }
-			a := script.Args(limit.Rate, locate(time.Now().UnixMilli(), limit))
+			a := script.Args(limit.Rate, locate(time.Now().UnixMilli(), &limit))
 			r := &script.Request{Cost: 1, NLimits: 1, Limits: []script.LimitArgs{a}, Keys: []string{"a", "b"}}
 			var sent []any
 			for _, v := range script.AppendCall(nil, decider, []*script.Request{r}, false, true)[5:] {
@@ -289,7 +289,7 @@ func BenchmarkOneDecision(b *testing.B) {
 			b.ReportAllocs()
 			var keys [2]string
 			for i := 0; b.Loop(); i++ {
-				pos := locate(time.Now().UnixMilli(), limit)
+				pos := locate(time.Now().UnixMilli(), &limit)
 				a := script.Args(limit.Rate, pos)
 				// values(a), written out so that go-redis boxes them as a
 				// caller's literal arguments

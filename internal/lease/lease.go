@@ -38,6 +38,10 @@ type Config struct {
 	Max int
 	// Manual: no sweeper goroutine; whoever made the table calls Sweep.
 	Manual bool
+	// Wait bounds how long a request waits for a refill in flight (see
+	// Table): the Limiter's timeout, which bounds the refill's call. 0: only
+	// the request's ctx bounds it.
+	Wait time.Duration
 }
 
 // MaxLeases is the default bound of a table (Config.Max).
@@ -72,8 +76,11 @@ func Cap(rate int64) int64 { return max(1, rate/fraction) }
 // settled and what the one refill in flight may add, is at most Cap(Rate)
 // at any moment, however many goroutines decide at once: one request at a
 // time asks Redis to lease more (the refill), and it asks for no more than
-// that room; a request that finds the lease short while a refill is in
-// flight asks Redis for what it needs alone.
+// that room. A request that finds the lease short while a refill is in
+// flight waits for it (ServePlan), once, at most Config.Wait: the refill
+// most likely brings what it needs, in the round trip the request would
+// spend on a call of its own. If it does not, the request asks Redis for
+// what it needs alone.
 //
 // The sweeper runs while the table holds a lease or a give-back: every
 // sweepEvery of real time it drops the leases whose window has passed or
@@ -109,8 +116,9 @@ type lease struct {
 	seen  window.Counts   // the counts Redis reported with the last lease, before it
 	size  int64           // the lease to ask for next
 	sweep int64           // the sweep during which it was last used
-	// refilling: a request in flight asks Redis for more of it.
-	refilling bool
+	// refilled, while a request in flight asks Redis for more of it (the
+	// refill), is closed when that request settles: others wait on it.
+	refilled chan struct{}
 	// reset: Reset deleted the keys it was counted in. What is in flight
 	// from it is dropped, neither kept nor given back: a give-back could
 	// lower counts written after the Reset.
@@ -157,7 +165,8 @@ type Grant struct {
 	Seen             window.Counts
 	entry            *lease
 	gen              uint64
-	refill, grow     bool // it asks Redis to lease more; a lease of its window ran out
+	refill, grow     bool          // it asks Redis to lease more; a lease of its window ran out
+	refilled         chan struct{} // the refill's: Settle closes it
 }
 
 // Answer is how a Grant's request was answered: Allowed (false for a
@@ -177,21 +186,32 @@ func (e *lease) current(p window.Position, rate int64) bool {
 // Serve decides a request against asks, every limit of a decision, from
 // their leases alone if each holds its cost (a look, each 1, and takes
 // nothing), and then fills grants, one per ask, and reports true; if not,
-// it has changed nothing.
-func (t *Table) Serve(asks []Ask, look bool, grants []Grant) bool {
+// it has changed nothing, and returns the refill in flight of a lease
+// short of its ask, if one may bring it (closed once the refill settles).
+func (t *Table) Serve(asks []Ask, look bool, grants []Grant) (bool, <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range asks {
 		a := &asks[i]
 		e := t.entries[table.Of(a.ID, a.Pos)]
-		if !e.current(a.Pos, a.Rate) || e.left < a.N {
-			return false
+		if !e.current(a.Pos, a.Rate) {
+			return false, nil
+		}
+		if e.left < a.N {
+			if a.N > Cap(a.Rate) {
+				return false, nil // more than any lease holds
+			}
+			return false, e.refilled
 		}
 		grants[i].entry = e
 	}
 	for i := range asks {
-		e, n := grants[i].entry, asks[i].N
-		g := Grant{Local: true, Need: n, Seen: e.seen, entry: e, gen: e.gen}
+		// Field by field: a literal is copied from a temporary, with the
+		// lock held (BenchmarkLeased).
+		g, n := &grants[i], asks[i].N
+		e := g.entry
+		g.Local, g.Held, g.Need, g.Most, g.gen, g.refill, g.grow, g.refilled = true, 0, n, 0, e.gen, false, false, nil
+		g.Seen = e.seen
 		g.Seen[0] += e.used
 		e.sweep = t.sweeps
 		if !look {
@@ -199,9 +219,8 @@ func (t *Table) Serve(asks []Ask, look bool, grants []Grant) bool {
 			e.left -= n
 			e.used += n
 		}
-		grants[i] = g
 	}
-	return true
+	return true, nil
 }
 
 // Take takes for each of asks, the Leased limits of a request on its way
@@ -217,10 +236,16 @@ func (t *Table) Take(asks []Ask, grants []Grant, later bool) []*script.Request {
 	for i := range asks {
 		a := &asks[i]
 		if t.closed { // a call under way as the Limiter closes: unleased
-			grants[i] = Grant{Need: a.N, Most: a.N, entry: &lease{reset: true}}
+			grants[i] = unleased(a.N)
 			continue
 		}
 		e := t.entry(a.ID, a.Pos)
+		if e.rate == a.Rate && e.at.I > a.Pos.I {
+			// Placed before the lease's window began (its caller waited, or
+			// was slow): unleased, rather than give back a current lease.
+			grants[i] = unleased(a.N)
+			continue
+		}
 		if !e.current(a.Pos, a.Rate) {
 			if e.left > 0 && e.key != "" {
 				if give := script.GiveBack(e.left, e.key); later {
@@ -244,6 +269,12 @@ func (t *Table) Take(asks []Ask, grants []Grant, later bool) []*script.Request {
 	return gives
 }
 
+// unleased returns the grant of a request of cost n that its lease takes
+// no part in: Redis counts it all and leases nothing, and Settle skips it.
+func unleased(n int64) Grant {
+	return Grant{Need: n, Most: n, entry: &lease{reset: true}}
+}
+
 // take takes a request of cost n from e, a lease of a limit whose leases
 // are at most most units: see Take.
 func (e *lease) take(n, most int64) Grant {
@@ -261,14 +292,15 @@ func (e *lease) take(n, most int64) Grant {
 	e.taken += g.Held
 	g.Need = n - g.Held
 	g.Most = g.Need
-	if !e.refilling {
+	if e.refilled == nil {
 		// One refill at a time, of what the lease has room for: what it
 		// holds and what requests in flight took from it stay within most.
 		if extra := min(min(e.size, most)-g.Need, most-e.taken); extra > 0 {
 			g.Most += extra
 		}
 		g.refill, g.grow = true, e.key != "" // a lease of this window ran out
-		e.refilling = true
+		e.refilled = make(chan struct{})
+		g.refilled = e.refilled
 	}
 	return g
 }
@@ -330,6 +362,9 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 	defer t.mu.Unlock()
 	for i := range asks {
 		a, g, r := &asks[i], &grants[i], &answers[i]
+		if g.refilled != nil {
+			close(g.refilled) // whatever became of its lease: no one waits past it
+		}
 		if g.entry.reset {
 			continue // see lease.reset
 		}
@@ -338,7 +373,7 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 		if mine {
 			e.taken -= g.Held
 			if g.refill {
-				e.refilling = false
+				e.refilled = nil
 			}
 		}
 		if g.Local && r.Allowed {

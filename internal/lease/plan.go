@@ -5,6 +5,9 @@
 package lease
 
 import (
+	"context"
+	"time"
+
 	"github.com/slidingwindow/ratelimit/internal/plan"
 	"github.com/slidingwindow/ratelimit/internal/script"
 )
@@ -13,8 +16,10 @@ import (
 // limit that leases (Span.Lease), from their leases alone when each holds
 // the span's cost (a look's, 1). It reports whether it did, with p's spans
 // and replies filled for the plan to derive; if not, it has changed
-// nothing.
-func (t *Table) ServePlan(p *plan.Plan, look bool) bool {
+// nothing. A decision (not a look) that finds a lease short while a refill
+// of it is in flight waits for that refill, ctx or Config.Wait, and tries
+// once more (see Table): a caller who left is then told so by its call.
+func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) bool {
 	// On the stack, as many as there are spans: zeroing plan.MaxLimits
 	// grants took a third of a decision served from a lease
 	// (BenchmarkLeased).
@@ -31,9 +36,15 @@ func (t *Table) ServePlan(p *plan.Plan, look bool) bool {
 		if !s.Lease {
 			return false
 		}
-		asks[i] = Ask{ID: s.ID, Rate: s.Rate, N: max(s.Cost, 1), Pos: s.Pos}
+		a := &asks[i] // zero; field by field, as a literal is copied from a temporary
+		a.ID, a.Rate, a.N, a.Pos = s.ID, s.Rate, max(s.Cost, 1), s.Pos
 	}
-	if !t.Serve(asks, look, grants) {
+	served, refill := t.Serve(asks, look, grants)
+	if !served && refill != nil && !look {
+		t.await(ctx, refill)
+		served, _ = t.Serve(asks, look, grants)
+	}
+	if !served {
 		return false
 	}
 	for i := range p.Spans {
@@ -47,6 +58,21 @@ func (t *Table) ServePlan(p *plan.Plan, look bool) bool {
 	p.Replies[0] = script.Reply{Allowed: !look}
 	p.Reqs = nil
 	return true
+}
+
+// await waits for refill to settle, ctx to end or Config.Wait to pass.
+func (t *Table) await(ctx context.Context, refill <-chan struct{}) {
+	var timeout <-chan time.Time
+	if t.cfg.Wait > 0 {
+		timer := time.NewTimer(t.cfg.Wait)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case <-refill:
+	case <-ctx.Done():
+	case <-timeout:
+	}
 }
 
 // Taken is what the table granted the spans of a plan on its way to Redis,
