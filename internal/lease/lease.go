@@ -362,8 +362,9 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 	defer t.mu.Unlock()
 	for i := range asks {
 		a, g, r := &asks[i], &grants[i], &answers[i]
-		if g.refilled != nil {
-			close(g.refilled) // whatever became of its lease: no one waits past it
+		if g.refilled != nil { // whatever became of its lease: no one waits past it
+			close(g.refilled)
+			g.refilled = nil
 		}
 		if g.entry.reset {
 			continue // see lease.reset

@@ -27,22 +27,24 @@ func reportReach(p *program, names []string) error {
 	fmt.Println()
 	fmt.Println("## Static reach (static call graph: distinct declared functions and methods of the core; closures and wrappers not counted)")
 	fmt.Println()
-	fmt.Println("| operation | root | internal | total |")
-	fmt.Println("|---|--:|--:|--:|")
+	fmt.Println("| operation | root | internal | total | internal packages reached |")
+	fmt.Println("|---|--:|--:|--:|---|")
 	for _, name := range names {
 		start := cg.Nodes[p.ssa.FuncValue(ops[name])]
 		if start == nil {
 			return fmt.Errorf("%s: not in the call graph", name)
 		}
 		root, internal := 0, 0
+		pkgs := map[string]bool{}
 		for fn := range p.reach(start) {
 			if fn.Pkg() == p.root.Types {
 				root++
 			} else {
 				internal++
+				pkgs[strings.TrimPrefix(fn.Pkg().Path(), p.root.Types.Path()+"/internal/")] = true
 			}
 		}
-		fmt.Printf("| %s | %d | %d | %d |\n", name, root, internal, root+internal)
+		fmt.Printf("| %s | %d | %d | %d | %s |\n", name, root, internal, root+internal, strings.Join(slices.Sorted(maps.Keys(pkgs)), ", "))
 	}
 	return nil
 }
