@@ -15,11 +15,14 @@ type Period uint8
 
 // The calendar periods a Limit's Calendar takes, in its Location.
 const (
-	Daily   = Period(window.Daily)   // from local midnight
-	Weekly  = Period(window.Weekly)  // ISO weeks: from Monday 00:00
-	Monthly = Period(window.Monthly) // from the first of the month
-	Yearly  = Period(window.Yearly)  // from the first of January
+	Daily   Period = iota + 1 // from local midnight
+	Weekly                    // ISO weeks: from Monday 00:00
+	Monthly                   // from the first of the month
+	Yearly                    // from the first of January
 )
+
+// internal/window numbers them alike.
+var _ = [1]struct{}{}[Daily-Period(window.Daily)+Yearly-Period(window.Yearly)]
 
 // String returns "daily", "weekly", "monthly" or "yearly", or
 // "Period(n)" for another value.

@@ -186,17 +186,14 @@ func (l *Limiter) checkRefund(id string, results []Result, n int64) error {
 // a Rate × Window (in ms) above 2^53, or a Strict Window that is not a
 // multiple of StrictSubWindows ms; for a Calendar limit, a Calendar outside
 // Daily..Yearly, a Window, Strict, a Rate above 2^53, or a Location named
-// "Local" or nothing; a Location without a Calendar. The error wraps ErrInvalidLimit. Check
-// limits from configuration with it at start-up.
+// "Local" or nothing; a Location without a Calendar. The error wraps
+// ErrInvalidLimit. Check limits from configuration with it at start-up.
 func (l Limit) Validate() error {
-	if p := l.problem(); p != "" {
+	if p := l.window().Problem(); p != "" {
 		return fmt.Errorf("%w: %s", ErrInvalidLimit, p)
 	}
 	return nil
 }
-
-// problem says what Validate rejects l for; "" for nothing.
-func (l *Limit) problem() string { return l.window().Problem() }
 
 // ParseLimit parses a limit from configuration as String prints it: a rate,
 // "/", a window as time.ParseDuration reads it or a calendar period (daily,
