@@ -22,7 +22,7 @@ const (
 )
 
 // internal/window numbers them alike.
-var _ = [1]struct{}{}[Daily-Period(window.Daily)+Yearly-Period(window.Yearly)]
+var _ = [1]struct{}{}[Daily-Period(window.Daily)+Weekly-Period(window.Weekly)+Monthly-Period(window.Monthly)+Yearly-Period(window.Yearly)]
 
 // String returns "daily", "weekly", "monthly" or "yearly", or
 // "Period(n)" for another value.

@@ -46,7 +46,9 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 	}
 	o := op{limits: limits, cost: n}
 	leased := place(p, id, limits, n, l.now().UnixMilli())
-	if leased && l.leases.ServePlan(ctx, p, false) { // no Redis: Close need not wait
+	if served, err := l.leases.ServePlan(ctx, p, false); err != nil { // the refill it waited for failed
+		return l.fail(ctx, id, &o, p, outs, out, 0, err)
+	} else if served { // no Redis: Close need not wait
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if err := l.enter(); err != nil {
@@ -54,6 +56,7 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 	}
 	defer l.exit()
 	var taken lease.Taken // on the stack: only a decision with a Leased limit fills it
+	defer taken.Abandon()
 	var gives []*script.Request
 	if leased {
 		gives = l.leases.TakePlan(p, &taken, false)
@@ -66,26 +69,20 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if l.denied != nil && l.denied.Deny(p, false) {
-		if leased {
-			taken.Settle(p, false)
-			l.leases.Later(id, gives)
-		}
+		taken.Settle(p, false)
+		l.leases.Later(id, gives)
 		return l.decided(ctx, id, &o, p, outs, out, SourceCache, 0, false)
 	}
 	took, left, err := l.sendPlan(ctx, id, p, reqs, gives, &o)
 	if err != nil {
-		if leased {
-			taken.Settle(p, false)
-		}
+		taken.Failed(p, err, left)
 		if left {
 			return err
 		}
 		return l.fail(ctx, id, &o, p, outs, out, took, err)
 	}
 	p.Absorb()
-	if leased {
-		taken.Settle(p, true)
-	}
+	taken.Settle(p, true)
 	if l.denied != nil {
 		l.denied.Record(p, 0)
 	}
@@ -103,7 +100,8 @@ func (l *Limiter) look(ctx context.Context, id string, limits []Limit, p *plan.P
 		return err
 	}
 	o := op{limits: limits}
-	if place(p, id, limits, 0, l.now().UnixMilli()) && l.leases.ServePlan(ctx, p, true) {
+	place(p, id, limits, 0, l.now().UnixMilli())
+	if served, _ := l.leases.ServePlan(ctx, p, true); served { // a look neither waits nor fails
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if err := l.enter(); err != nil {

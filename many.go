@@ -88,10 +88,13 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 		leased = leased || lease
 	}
 	outs := make([]plan.Out, len(quotas))
-	if leased && l.leases.ServePlan(ctx, p, false) {
+	if served, err := l.leases.ServePlan(ctx, p, false); err != nil { // the refill it waited for failed
+		return out, l.failMany(ctx, id, &o, p, outs, out, 0, err)
+	} else if served {
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
 	}
 	var taken lease.Taken
+	defer taken.Abandon()
 	if leased {
 		l.leases.TakePlan(p, &taken, true) // give-backs of other ids' slots, maybe: not in this call
 	}
@@ -102,9 +105,7 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
 	}
 	if l.denied != nil && l.denied.Deny(p, true) {
-		if leased {
-			taken.Settle(p, false)
-		}
+		taken.Settle(p, false)
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceCache, 0)
 	}
 	var took time.Duration
@@ -116,18 +117,14 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 		took, left, err = l.sendGroups(ctx, id, p, groups, &o)
 	}
 	if err != nil {
-		if leased {
-			taken.Settle(p, false)
-		}
+		taken.Failed(p, err, left)
 		if left {
 			return out, err
 		}
 		return out, l.failMany(ctx, id, &o, p, outs, out, took, err)
 	}
 	p.Absorb()
-	if leased {
-		taken.Settle(p, true)
-	}
+	taken.Settle(p, true)
 	if l.denied != nil {
 		l.denied.Record(p, 0)
 	}

@@ -77,10 +77,15 @@ func Cap(rate int64) int64 { return max(1, rate/fraction) }
 // at any moment, however many goroutines decide at once: one request at a
 // time asks Redis to lease more (the refill), and it asks for no more than
 // that room. A request that finds the lease short while a refill is in
-// flight waits for it (ServePlan), once, at most Config.Wait: the refill
-// most likely brings what it needs, in the round trip the request would
-// spend on a call of its own. If it does not, the request asks Redis for
-// what it needs alone.
+// flight that may bring what it needs waits for it (ServePlan), once, for
+// at most Config.Wait: in the round trip a call of its own would take, the
+// refill most likely brings it. A refill that brought nothing beyond its
+// own need (denied, or the limit nearly reached) makes the lease dry: no
+// one waits for the next. A request that waited in vain goes to Redis: as
+// the next refill, or, if another has begun, for what it needs alone. One
+// whose refill's call failed goes to the failure policy with that error,
+// so that the wait and a call of its own never add up to twice the
+// Limiter's timeout.
 //
 // The sweeper runs while the table holds a lease or a give-back: every
 // sweepEvery of real time it drops the leases whose window has passed or
@@ -116,13 +121,23 @@ type lease struct {
 	seen  window.Counts   // the counts Redis reported with the last lease, before it
 	size  int64           // the lease to ask for next
 	sweep int64           // the sweep during which it was last used
-	// refilled, while a request in flight asks Redis for more of it (the
-	// refill), is closed when that request settles: others wait on it.
-	refilled chan struct{}
+	// refill is the refill in flight, if any: a request that asks Redis for
+	// more of it, which others may wait for (serve).
+	refill *refill
+	// dry: the last refill brought nothing beyond its own need, so that no
+	// request waits for the next.
+	dry bool
 	// reset: Reset deleted the keys it was counted in. What is in flight
 	// from it is dropped, neither kept nor given back: a give-back could
 	// lower counts written after the Reset.
 	reset bool
+}
+
+// refill is a request in flight that asks Redis to lease more of a lease.
+type refill struct {
+	done chan struct{} // closed when it settles
+	err  error         // then: the error of its call, if it failed (not if its caller left)
+	more int64         // what it asks Redis to lease beyond its own need, at most
 }
 
 // pendingGive is a give-back waiting for the sweeper: of id, at the key of a
@@ -165,16 +180,18 @@ type Grant struct {
 	Seen             window.Counts
 	entry            *lease
 	gen              uint64
-	refill, grow     bool          // it asks Redis to lease more; a lease of its window ran out
-	refilled         chan struct{} // the refill's: Settle closes it
+	grow             bool    // a lease of its window ran out
+	refill           *refill // not nil: it asks Redis to lease more, and Settle ends that
 }
 
 // Answer is how a Grant's request was answered: Allowed (false for a
 // denial, a failed call or a denial from the deny cache), and then the
-// counts Redis saw, which a lease taken is reported with.
+// counts Redis saw, which a lease taken is reported with; Err, the error of
+// its call if it failed while its caller waited.
 type Answer struct {
 	Allowed bool
 	Seen    window.Counts
+	Err     error
 }
 
 // current reports whether e, a lease of an id, serves the clock at p for a
@@ -183,34 +200,39 @@ func (e *lease) current(p window.Position, rate int64) bool {
 	return e != nil && e.at.I == p.I && e.rate == rate
 }
 
-// Serve decides a request against asks, every limit of a decision, from
+// serve decides a request against asks, every limit of a decision, from
 // their leases alone if each holds its cost (a look, each 1, and takes
-// nothing), and then fills grants, one per ask, and reports true; if not,
+// nothing), and then fills grants, one per ask, and reports true. If not,
 // it has changed nothing, and returns the refill in flight of a lease
-// short of its ask, if one may bring it (closed once the refill settles).
-func (t *Table) Serve(asks []Ask, look bool, grants []Grant) (bool, <-chan struct{}) {
+// short of its ask when every other lease holds its ask and that refill
+// may bring the rest: one worth waiting for.
+func (t *Table) serve(asks []Ask, look bool, grants []Grant) (bool, *refill) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var wait *refill
 	for i := range asks {
 		a := &asks[i]
 		e := t.entries[table.Of(a.ID, a.Pos)]
-		if !e.current(a.Pos, a.Rate) {
+		switch {
+		case !e.current(a.Pos, a.Rate):
 			return false, nil
+		case e.left >= a.N:
+			grants[i].entry = e
+		case e.refill == nil || e.dry || e.left+e.refill.more < a.N:
+			return false, nil // nothing worth waiting for
+		default:
+			wait = e.refill
 		}
-		if e.left < a.N {
-			if a.N > Cap(a.Rate) {
-				return false, nil // more than any lease holds
-			}
-			return false, e.refilled
-		}
-		grants[i].entry = e
+	}
+	if wait != nil {
+		return false, wait
 	}
 	for i := range asks {
 		// Field by field: a literal is copied from a temporary, with the
 		// lock held (BenchmarkLeased).
 		g, n := &grants[i], asks[i].N
 		e := g.entry
-		g.Local, g.Held, g.Need, g.Most, g.gen, g.refill, g.grow, g.refilled = true, 0, n, 0, e.gen, false, false, nil
+		g.Local, g.Held, g.Need, g.Most, g.gen, g.grow, g.refill = true, 0, n, 0, e.gen, false, nil
 		g.Seen = e.seen
 		g.Seen[0] += e.used
 		e.sweep = t.sweeps
@@ -292,15 +314,15 @@ func (e *lease) take(n, most int64) Grant {
 	e.taken += g.Held
 	g.Need = n - g.Held
 	g.Most = g.Need
-	if e.refilled == nil {
+	if e.refill == nil {
 		// One refill at a time, of what the lease has room for: what it
 		// holds and what requests in flight took from it stay within most.
 		if extra := min(min(e.size, most)-g.Need, most-e.taken); extra > 0 {
 			g.Most += extra
 		}
-		g.refill, g.grow = true, e.key != "" // a lease of this window ran out
-		e.refilled = make(chan struct{})
-		g.refilled = e.refilled
+		g.grow = e.key != "" // a lease of this window ran out
+		e.refill = &refill{done: make(chan struct{}), more: g.Most - g.Need}
+		g.refill = e.refill
 	}
 	return g
 }
@@ -362,9 +384,11 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 	defer t.mu.Unlock()
 	for i := range asks {
 		a, g, r := &asks[i], &grants[i], &answers[i]
-		if g.refilled != nil { // whatever became of its lease: no one waits past it
-			close(g.refilled)
-			g.refilled = nil
+		f := g.refill
+		if f != nil { // whatever became of its lease: no one waits past it
+			f.err = r.Err
+			close(f.done)
+			g.refill = nil
 		}
 		if g.entry.reset {
 			continue // see lease.reset
@@ -373,8 +397,8 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 		mine := e == g.entry && e.gen == g.gen // the lease it took from, still held
 		if mine {
 			e.taken -= g.Held
-			if g.refill {
-				e.refilled = nil
+			if f != nil {
+				e.refill, e.dry = nil, true // until it brings more, below
 			}
 		}
 		if g.Local && r.Allowed {
@@ -393,6 +417,9 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 		}
 		e.left += extra
 		e.key, e.seen, e.used = a.Key, r.Seen, g.Need
+		if f != nil {
+			e.dry = extra <= 0
+		}
 		if g.grow {
 			e.size = min(Cap(a.Rate), 2*e.size)
 		}
@@ -413,6 +440,29 @@ func (t *Table) restore(a *Ask, e *lease, mine bool, units int64) {
 		return
 	}
 	t.queue(pendingGive{a.ID, a.Pos, script.GiveBack(units, a.Key)})
+}
+
+// abandon ends what Take began for asks and their grants when their
+// decision cannot settle them (it panicked on the way): what they took
+// from their leases is lost, never given back twice, and their refills
+// end, so that no one waits for them.
+func (t *Table) abandon(asks []Ask, grants []Grant) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range asks {
+		a, g := &asks[i], &grants[i]
+		f := g.refill
+		if f != nil {
+			close(f.done)
+			g.refill = nil
+		}
+		if e := t.entries[table.Of(a.ID, a.Pos)]; e == g.entry && e.gen == g.gen {
+			e.taken -= g.Held
+			if f != nil {
+				e.refill = nil
+			}
+		}
+	}
 }
 
 // Later leaves gives, the give-backs of a decision of id that sends

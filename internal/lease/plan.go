@@ -18,8 +18,15 @@ import (
 // and replies filled for the plan to derive; if not, it has changed
 // nothing. A decision (not a look) that finds a lease short while a refill
 // of it is in flight waits for that refill, ctx or Config.Wait, and tries
-// once more (see Table): a caller who left is then told so by its call.
-func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) bool {
+// once more (see Table); a caller who left is then told so by its call.
+// When the refill's call failed, it returns that call's error instead: the
+// decision goes to the failure policy with it, as a call of its own would.
+func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) (bool, error) {
+	for i := range p.Spans {
+		if !p.Spans[i].Lease {
+			return false, nil // before the arrays below are zeroed
+		}
+	}
 	// On the stack, as many as there are spans: zeroing plan.MaxLimits
 	// grants took a third of a decision served from a lease
 	// (BenchmarkLeased).
@@ -33,19 +40,21 @@ func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) bool {
 	}
 	for i := range p.Spans {
 		s := &p.Spans[i]
-		if !s.Lease {
-			return false
-		}
 		a := &asks[i] // zero; field by field, as a literal is copied from a temporary
 		a.ID, a.Rate, a.N, a.Pos = s.ID, s.Rate, max(s.Cost, 1), s.Pos
 	}
-	served, refill := t.Serve(asks, look, grants)
-	if !served && refill != nil && !look {
-		t.await(ctx, refill)
-		served, _ = t.Serve(asks, look, grants)
+	served, wait := t.serve(asks, look, grants)
+	if !served && wait != nil && !look {
+		switch {
+		case !t.await(ctx, wait) || ctx.Err() != nil:
+			return false, nil
+		case wait.err != nil:
+			return false, wait.err
+		}
+		served, _ = t.serve(asks, look, grants)
 	}
 	if !served {
-		return false
+		return false, nil
 	}
 	for i := range p.Spans {
 		s, g := &p.Spans[i], &grants[i]
@@ -57,11 +66,12 @@ func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) bool {
 	p.Replies = p.Replies[:1]
 	p.Replies[0] = script.Reply{Allowed: !look}
 	p.Reqs = nil
-	return true
+	return true, nil
 }
 
-// await waits for refill to settle, ctx to end or Config.Wait to pass.
-func (t *Table) await(ctx context.Context, refill <-chan struct{}) {
+// await waits for f to settle, ctx to end or Config.Wait to pass, and
+// reports whether f settled.
+func (t *Table) await(ctx context.Context, f *refill) bool {
 	var timeout <-chan time.Time
 	if t.cfg.Wait > 0 {
 		timer := time.NewTimer(t.cfg.Wait)
@@ -69,21 +79,24 @@ func (t *Table) await(ctx context.Context, refill <-chan struct{}) {
 		timeout = timer.C
 	}
 	select {
-	case <-refill:
+	case <-f.done:
+		return true
 	case <-ctx.Done():
 	case <-timeout:
 	}
+	return false
 }
 
 // Taken is what the table granted the spans of a plan on its way to Redis,
 // for its caller's stack: at[j] is the span of asks[j] and grants[j], for
 // j below n.
 type Taken struct {
-	t      *Table
-	n      int
-	at     [plan.MaxLimits]int
-	asks   [plan.MaxLimits]Ask
-	grants [plan.MaxLimits]Grant
+	t       *Table
+	n       int
+	settled bool
+	at      [plan.MaxLimits]int
+	asks    [plan.MaxLimits]Ask
+	grants  [plan.MaxLimits]Grant
 }
 
 // TakePlan takes from the leases of p's spans whose limits lease what they
@@ -93,7 +106,7 @@ type Taken struct {
 // spans are of several ids, whose keys a call may not hold together), it
 // leaves them to the sweeper, each under its own id.
 func (t *Table) TakePlan(p *plan.Plan, tk *Taken, later bool) []*script.Request {
-	tk.t, tk.n = t, 0
+	tk.t, tk.n, tk.settled = t, 0, false
 	for i := range p.Spans {
 		if s := &p.Spans[i]; s.Lease {
 			tk.at[tk.n] = i
@@ -115,13 +128,41 @@ func (t *Table) TakePlan(p *plan.Plan, tk *Taken, later bool) []*script.Request 
 // Settle ends what TakePlan began, once p's call is answered (ok) or has
 // failed, or p was decided without one: each grant is allowed if its
 // request was (or was not sent, decided from leases), with the counts
-// Redis saw, at the key its request counts it in (see Table.Settle).
-func (tk *Taken) Settle(p *plan.Plan, ok bool) {
+// Redis saw, at the key its request counts it in (see Table.Settle). It
+// does nothing if TakePlan took nothing, or once tk is settled.
+func (tk *Taken) Settle(p *plan.Plan, ok bool) { tk.settle(p, ok, nil) }
+
+// Failed is Settle of p, whose call failed with err: a refill among its
+// grants hands err to the requests that wait for it (see Table), unless
+// its caller left (left), which says nothing of Redis.
+func (tk *Taken) Failed(p *plan.Plan, err error, left bool) {
+	if left {
+		err = nil
+	}
+	tk.settle(p, false, err)
+}
+
+func (tk *Taken) settle(p *plan.Plan, ok bool, err error) {
+	if tk.t == nil || tk.settled {
+		return
+	}
+	tk.settled = true
 	var answers [plan.MaxLimits]Answer
 	for j, i := range tk.at[:tk.n] {
 		s := &p.Spans[i]
 		tk.asks[j].Key = p.Reqs[s.Req].Keys[s.First]
-		answers[j] = Answer{Allowed: ok && (p.Replies[s.Req].Allowed || p.Unsent&(1<<s.Req) != 0), Seen: s.Seen}
+		answers[j] = Answer{Allowed: ok && (p.Replies[s.Req].Allowed || p.Unsent&(1<<s.Req) != 0), Seen: s.Seen, Err: err}
 	}
 	tk.t.Settle(tk.asks[:tk.n], tk.grants[:tk.n], answers[:tk.n])
+}
+
+// Abandon ends what TakePlan began if tk is not settled: for a decision's
+// defer, should it panic between the two. What its grants took is lost,
+// and their refills end (see Table.abandon).
+func (tk *Taken) Abandon() {
+	if tk.t == nil || tk.settled {
+		return
+	}
+	tk.settled = true
+	tk.t.abandon(tk.asks[:tk.n], tk.grants[:tk.n])
 }
