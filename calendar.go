@@ -21,8 +21,9 @@ const (
 	Yearly                    // from the first of January
 )
 
-// internal/window numbers them alike.
-var _ = [1]struct{}{}[Daily-Period(window.Daily)+Weekly-Period(window.Weekly)+Monthly-Period(window.Monthly)+Yearly-Period(window.Yearly)]
+// internal/window numbers them alike: a difference below 0 overflows, and
+// any above makes the index 1 or more.
+var _ = [1]struct{}{}[(Daily-Period(window.Daily))|(Weekly-Period(window.Weekly))|(Monthly-Period(window.Monthly))|(Yearly-Period(window.Yearly))]
 
 // String returns "daily", "weekly", "monthly" or "yearly", or
 // "Period(n)" for another value.

@@ -6,6 +6,8 @@ package ratelimit
 import (
 	"context"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/lease"
 )
 
 // Close gives back what the Limiter's leases (Limit.Leased) hold unused,
@@ -68,6 +70,10 @@ func (l *Limiter) enter() error {
 
 // exit ends a call that enter began.
 func (l *Limiter) exit() { l.work.Done() }
+
+// exitTaken is exit for a decision that may take from its leases: should it
+// panic before it settles what it took, that ends (lease.Taken.Abandon).
+func (l *Limiter) exitTaken(taken *lease.Taken) { taken.Abandon(); l.exit() }
 
 // sleepOpen sleeps for d as l.sleep does, unless ctx is done or the Limiter
 // closes first: then ctx's error, or ErrClosed.

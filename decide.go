@@ -46,17 +46,14 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 	}
 	o := op{limits: limits, cost: n}
 	leased := place(p, id, limits, n, l.now().UnixMilli())
-	if served, err := l.leases.ServePlan(ctx, p, false); err != nil { // the refill it waited for failed
-		return l.fail(ctx, id, &o, p, outs, out, 0, err)
-	} else if served { // no Redis: Close need not wait
+	if leased && l.leases.ServePlan(ctx, p, false) { // no Redis: Close need not wait
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if err := l.enter(); err != nil {
 		return err
 	}
-	defer l.exit()
 	var taken lease.Taken // on the stack: only a decision with a Leased limit fills it
-	defer taken.Abandon()
+	defer l.exitTaken(&taken)
 	var gives []*script.Request
 	if leased {
 		gives = l.leases.TakePlan(p, &taken, false)
@@ -75,7 +72,7 @@ func (l *Limiter) decide(ctx context.Context, id string, limits []Limit, n int64
 	}
 	took, left, err := l.sendPlan(ctx, id, p, reqs, gives, &o)
 	if err != nil {
-		taken.Failed(p, err, left)
+		taken.Settle(p, false)
 		if left {
 			return err
 		}
@@ -100,8 +97,7 @@ func (l *Limiter) look(ctx context.Context, id string, limits []Limit, p *plan.P
 		return err
 	}
 	o := op{limits: limits}
-	place(p, id, limits, 0, l.now().UnixMilli())
-	if served, _ := l.leases.ServePlan(ctx, p, true); served { // a look neither waits nor fails
+	if place(p, id, limits, 0, l.now().UnixMilli()) && l.leases.ServePlan(ctx, p, true) {
 		return l.decided(ctx, id, &o, p, outs, out, SourceLease, 0, false)
 	}
 	if err := l.enter(); err != nil {

@@ -59,8 +59,8 @@ type Limit struct {
 	// its sub-window); what is left of it then is given back, at the latest
 	// with the next decision on the id, or within about a second when the id
 	// goes quiet. A server asks for more while its leases run out, one
-	// request at a time (the others wait for it: see WithTimeout), and for
-	// less when they expire unused, never more than Rate/20 at once, and
+	// request at a time (others it may serve wait for it: see WithTimeout),
+	// and for less when they expire unused, never more than Rate/20 at once, and
 	// Redis cuts a lease to half of what the limit has left (or to what the
 	// request needs, if that is more), so that near the limit leases shrink
 	// to single requests. Count and Remaining of a decision made from a lease

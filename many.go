@@ -72,7 +72,8 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 	if err := l.enter(); err != nil {
 		return out, err
 	}
-	defer l.exit()
+	var taken lease.Taken
+	defer l.exitTaken(&taken)
 	if err := l.checkMany(quotas); err != nil {
 		return out, err
 	}
@@ -88,13 +89,9 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 		leased = leased || lease
 	}
 	outs := make([]plan.Out, len(quotas))
-	if served, err := l.leases.ServePlan(ctx, p, false); err != nil { // the refill it waited for failed
-		return out, l.failMany(ctx, id, &o, p, outs, out, 0, err)
-	} else if served {
+	if leased && l.leases.ServePlan(ctx, p, false) {
 		return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceLease, 0)
 	}
-	var taken lease.Taken
-	defer taken.Abandon()
 	if leased {
 		l.leases.TakePlan(p, &taken, true) // give-backs of other ids' slots, maybe: not in this call
 	}
@@ -117,7 +114,7 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 		took, left, err = l.sendGroups(ctx, id, p, groups, &o)
 	}
 	if err != nil {
-		taken.Failed(p, err, left)
+		taken.Settle(p, false)
 		if left {
 			return out, err
 		}

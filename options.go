@@ -170,9 +170,8 @@ func WithErrorHandler(fn func(ctx context.Context, id string, err error)) Option
 // 100ms), dial, retries and all, a Cluster client's first load of its slot
 // map too, from the moment it asks, queue included. Past it the decision
 // goes to the failure policy, and the circuit breaker counts a failure. A
-// decision that waits for its lease's refill (Limit.Leased) takes its
-// failure; after one Redis answered in vain, its own call has the whole
-// bound: at worst, the refill's round trip and the timeout.
+// decision that waits for its lease's refill (Limit.Leased) waits at most
+// this long, then its own call has the whole bound: up to twice in all.
 //
 // It is also how Redis is judged whatever the caller's own deadline: a
 // caller whose ctx is done first gets its ctx's error (no Result, no

@@ -16,5 +16,5 @@ import (
 // failed dial, lines that would bury a failing test's FAIL lines.
 func TestMain(m *testing.M) {
 	redis.SetLogger(&logging.VoidLogger{})
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/slidingwindow/ratelimit.(*leaseTable).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/slidingwindow/ratelimit/internal/lease.(*Table).run"))
 }

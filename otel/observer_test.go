@@ -56,6 +56,11 @@ func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, opts 
 		ratelimit.WithErrorHandler(func(context.Context, string, error) {}),
 	}, opts...)
 	e.limiter = ratelimit.New(client, opts...)
+	t.Cleanup(func() { // before the client closes: leases go back, the sweeper ends
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.limiter.Close(ctx)
+	})
 	return e
 }
 

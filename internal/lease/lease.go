@@ -39,8 +39,8 @@ type Config struct {
 	// Manual: no sweeper goroutine; whoever made the table calls Sweep.
 	Manual bool
 	// Wait bounds how long a request waits for a refill in flight (see
-	// Table): the Limiter's timeout, which bounds the refill's call. 0: only
-	// the request's ctx bounds it.
+	// Table): the Limiter's timeout, which bounds the refill's call. 0 or
+	// less: requests do not wait.
 	Wait time.Duration
 }
 
@@ -77,15 +77,14 @@ func Cap(rate int64) int64 { return max(1, rate/fraction) }
 // at any moment, however many goroutines decide at once: one request at a
 // time asks Redis to lease more (the refill), and it asks for no more than
 // that room. A request that finds the lease short while a refill is in
-// flight that may bring what it needs waits for it (ServePlan), once, for
-// at most Config.Wait: in the round trip a call of its own would take, the
-// refill most likely brings it. A refill that brought nothing beyond its
-// own need (denied, or the limit nearly reached) makes the lease dry: no
-// one waits for the next. A request that waited in vain goes to Redis: as
-// the next refill, or, if another has begun, for what it needs alone. One
-// whose refill's call failed goes to the failure policy with that error,
-// so that the wait and a call of its own never add up to twice the
-// Limiter's timeout.
+// flight that may bring what it needs (and its other leases hold their
+// asks) waits for it (ServePlan), once, for at most Config.Wait: in the
+// round trip a call of its own would take, the refill most likely brings
+// it. A request that waited in vain goes to Redis: as the next refill, or,
+// if another has begun, for what it needs alone. A refill that did not
+// bring more than its own need (denied, failed, or the limit nearly
+// reached) makes the lease dry: no one waits for the next, until one
+// brings more.
 //
 // The sweeper runs while the table holds a lease or a give-back: every
 // sweepEvery of real time it drops the leases whose window has passed or
@@ -136,7 +135,6 @@ type lease struct {
 // refill is a request in flight that asks Redis to lease more of a lease.
 type refill struct {
 	done chan struct{} // closed when it settles
-	err  error         // then: the error of its call, if it failed (not if its caller left)
 	more int64         // what it asks Redis to lease beyond its own need, at most
 }
 
@@ -186,12 +184,10 @@ type Grant struct {
 
 // Answer is how a Grant's request was answered: Allowed (false for a
 // denial, a failed call or a denial from the deny cache), and then the
-// counts Redis saw, which a lease taken is reported with; Err, the error of
-// its call if it failed while its caller waited.
+// counts Redis saw, which a lease taken is reported with.
 type Answer struct {
 	Allowed bool
 	Seen    window.Counts
-	Err     error
 }
 
 // current reports whether e, a lease of an id, serves the clock at p for a
@@ -203,9 +199,9 @@ func (e *lease) current(p window.Position, rate int64) bool {
 // serve decides a request against asks, every limit of a decision, from
 // their leases alone if each holds its cost (a look, each 1, and takes
 // nothing), and then fills grants, one per ask, and reports true. If not,
-// it has changed nothing, and returns the refill in flight of a lease
-// short of its ask when every other lease holds its ask and that refill
-// may bring the rest: one worth waiting for.
+// it has changed nothing, and returns the refill in flight of the one
+// lease short of its ask, when every other lease holds its ask, the lease
+// is not dry and that refill may bring the rest: one worth waiting for.
 func (t *Table) serve(asks []Ask, look bool, grants []Grant) (bool, *refill) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -218,7 +214,7 @@ func (t *Table) serve(asks []Ask, look bool, grants []Grant) (bool, *refill) {
 			return false, nil
 		case e.left >= a.N:
 			grants[i].entry = e
-		case e.refill == nil || e.dry || e.left+e.refill.more < a.N:
+		case wait != nil || e.refill == nil || e.dry || e.left+e.refill.more < a.N:
 			return false, nil // nothing worth waiting for
 		default:
 			wait = e.refill
@@ -386,7 +382,6 @@ func (t *Table) Settle(asks []Ask, grants []Grant, answers []Answer) {
 		a, g, r := &asks[i], &grants[i], &answers[i]
 		f := g.refill
 		if f != nil { // whatever became of its lease: no one waits past it
-			f.err = r.Err
 			close(f.done)
 			g.refill = nil
 		}

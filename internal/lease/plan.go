@@ -17,16 +17,10 @@ import (
 // the span's cost (a look's, 1). It reports whether it did, with p's spans
 // and replies filled for the plan to derive; if not, it has changed
 // nothing. A decision (not a look) that finds a lease short while a refill
-// of it is in flight waits for that refill, ctx or Config.Wait, and tries
-// once more (see Table); a caller who left is then told so by its call.
-// When the refill's call failed, it returns that call's error instead: the
-// decision goes to the failure policy with it, as a call of its own would.
-func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) (bool, error) {
-	for i := range p.Spans {
-		if !p.Spans[i].Lease {
-			return false, nil // before the arrays below are zeroed
-		}
-	}
+// of it is in flight may wait for that refill, ctx or Config.Wait, and
+// try once more (see Table); a caller who left is then told so by its
+// call.
+func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) bool {
 	// On the stack, as many as there are spans: zeroing plan.MaxLimits
 	// grants took a third of a decision served from a lease
 	// (BenchmarkLeased).
@@ -40,21 +34,21 @@ func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) (bool, e
 	}
 	for i := range p.Spans {
 		s := &p.Spans[i]
+		if !s.Lease {
+			return false
+		}
 		a := &asks[i] // zero; field by field, as a literal is copied from a temporary
 		a.ID, a.Rate, a.N, a.Pos = s.ID, s.Rate, max(s.Cost, 1), s.Pos
 	}
 	served, wait := t.serve(asks, look, grants)
-	if !served && wait != nil && !look {
-		switch {
-		case !t.await(ctx, wait) || ctx.Err() != nil:
-			return false, nil
-		case wait.err != nil:
-			return false, wait.err
+	if !served && wait != nil && !look && t.cfg.Wait > 0 {
+		if !t.await(ctx, wait) || ctx.Err() != nil {
+			return false
 		}
 		served, _ = t.serve(asks, look, grants)
 	}
 	if !served {
-		return false, nil
+		return false
 	}
 	for i := range p.Spans {
 		s, g := &p.Spans[i], &grants[i]
@@ -66,23 +60,19 @@ func (t *Table) ServePlan(ctx context.Context, p *plan.Plan, look bool) (bool, e
 	p.Replies = p.Replies[:1]
 	p.Replies[0] = script.Reply{Allowed: !look}
 	p.Reqs = nil
-	return true, nil
+	return true
 }
 
 // await waits for f to settle, ctx to end or Config.Wait to pass, and
 // reports whether f settled.
 func (t *Table) await(ctx context.Context, f *refill) bool {
-	var timeout <-chan time.Time
-	if t.cfg.Wait > 0 {
-		timer := time.NewTimer(t.cfg.Wait)
-		defer timer.Stop()
-		timeout = timer.C
-	}
+	timer := time.NewTimer(t.cfg.Wait)
+	defer timer.Stop()
 	select {
 	case <-f.done:
 		return true
 	case <-ctx.Done():
-	case <-timeout:
+	case <-timer.C:
 	}
 	return false
 }
@@ -130,19 +120,7 @@ func (t *Table) TakePlan(p *plan.Plan, tk *Taken, later bool) []*script.Request 
 // request was (or was not sent, decided from leases), with the counts
 // Redis saw, at the key its request counts it in (see Table.Settle). It
 // does nothing if TakePlan took nothing, or once tk is settled.
-func (tk *Taken) Settle(p *plan.Plan, ok bool) { tk.settle(p, ok, nil) }
-
-// Failed is Settle of p, whose call failed with err: a refill among its
-// grants hands err to the requests that wait for it (see Table), unless
-// its caller left (left), which says nothing of Redis.
-func (tk *Taken) Failed(p *plan.Plan, err error, left bool) {
-	if left {
-		err = nil
-	}
-	tk.settle(p, false, err)
-}
-
-func (tk *Taken) settle(p *plan.Plan, ok bool, err error) {
+func (tk *Taken) Settle(p *plan.Plan, ok bool) {
 	if tk.t == nil || tk.settled {
 		return
 	}
@@ -151,7 +129,7 @@ func (tk *Taken) settle(p *plan.Plan, ok bool, err error) {
 	for j, i := range tk.at[:tk.n] {
 		s := &p.Spans[i]
 		tk.asks[j].Key = p.Reqs[s.Req].Keys[s.First]
-		answers[j] = Answer{Allowed: ok && (p.Replies[s.Req].Allowed || p.Unsent&(1<<s.Req) != 0), Seen: s.Seen, Err: err}
+		answers[j] = Answer{Allowed: ok && (p.Replies[s.Req].Allowed || p.Unsent&(1<<s.Req) != 0), Seen: s.Seen}
 	}
 	tk.t.Settle(tk.asks[:tk.n], tk.grants[:tk.n], answers[:tk.n])
 }

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -36,128 +35,94 @@ func decision(pos window.Position, n int64) *plan.Plan {
 }
 
 // serveAsync runs ServePlan of p on another goroutine of the bubble.
-func serveAsync(tb *Table, ctx context.Context, p *plan.Plan) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		served, err := tb.ServePlan(ctx, p, false)
-		if err == nil && !served {
-			err = errNotServed
-		}
-		done <- err
-	}()
+func serveAsync(tb *Table, ctx context.Context, p *plan.Plan) <-chan bool {
+	done := make(chan bool, 1)
+	go func() { done <- tb.ServePlan(ctx, p, false) }()
 	return done
 }
 
-var errNotServed = errors.New("not served")
-
 // A request that finds its lease short while a refill is in flight waits
 // for the refill, and is served from what it brought the moment it
-// settles, without a call of its own. With no bound but its ctx, a refill
-// that never ended would hold it for good: the bubble would deadlock.
+// settles, without a call of its own. (Without the refill's close, it
+// would wait out Config.Wait, an hour of the bubble's time.)
 func TestServeWaitsForRefill(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		pos := window.Locate(0, 60_000, false, 0, nil)
-		tb, ask, grant := emptied(t, 0, pos)
+		tb, ask, grant := emptied(t, time.Hour, pos)
 		start := time.Now()
 		done := serveAsync(tb, context.Background(), decision(pos, 1))
 		synctest.Wait()
 		require.Empty(t, done, "it waits for the refill")
 		tb.Settle(ask, grant, []Answer{{Allowed: true}}) // Redis leases half of what is left
-		require.NoError(t, <-done)
+		require.True(t, <-done)
 		require.Zero(t, time.Since(start), "served as the refill settled")
 	})
 }
 
-// The refill's call failed while its caller waited: those waiting for it
-// get its error, for the failure policy, rather than spend the Limiter's
-// timeout again on a call of their own. A refill whose caller left, or
-// that was denied, lets them go on.
-func TestFailedRefillEndsWait(t *testing.T) {
+// A refill that brought nothing (denied, failed, or its caller left), or
+// whose lease moved on, ends the wait too: the request goes its own way,
+// at once. Every grant is settled, and Settle ends its refill whatever
+// became of its lease.
+func TestRefillInVainEndsWait(t *testing.T) {
 	pos := window.Locate(0, 60_000, false, 0, nil)
-	down := errors.New("redis down")
 	synctest.Test(t, func(t *testing.T) {
-		tb, ask, grant := emptied(t, 0, pos)
+		tb, ask, grant := emptied(t, time.Hour, pos)
+		start := time.Now()
 		done := serveAsync(tb, context.Background(), decision(pos, 1))
 		synctest.Wait()
-		tb.Settle(ask, grant, []Answer{{Err: down}})
-		require.ErrorIs(t, <-done, down)
-	})
-	synctest.Test(t, func(t *testing.T) {
-		tb, ask, grant := emptied(t, 0, pos)
-		done := serveAsync(tb, context.Background(), decision(pos, 1))
-		synctest.Wait()
-		tb.Settle(ask, grant, []Answer{{Allowed: false}}) // denied, or its caller left
-		require.ErrorIs(t, <-done, errNotServed)
+		tb.Settle(ask, grant, []Answer{{Allowed: false}})
+		require.False(t, <-done)
+		require.Zero(t, time.Since(start))
 	})
 	synctest.Test(t, func(t *testing.T) { // the lease moved to the next window meanwhile
-		tb, ask, grant := emptied(t, 0, pos)
+		tb, ask, grant := emptied(t, time.Hour, pos)
+		start := time.Now()
 		done := serveAsync(tb, context.Background(), decision(pos, 1))
 		synctest.Wait()
 		next := window.Locate(60_000, 60_000, false, 0, nil)
 		tb.Take([]Ask{{ID: "hot", Rate: 2000, N: 1, Pos: next, Key: "k2"}}, make([]Grant, 1), false)
 		tb.Settle(ask, grant, []Answer{{Allowed: true}})
-		require.ErrorIs(t, <-done, errNotServed)
+		require.False(t, <-done)
+		require.Zero(t, time.Since(start))
 	})
-}
-
-// Taken.Failed hands the call's error to the refill's waiters, but not
-// when the refill's caller left: that says nothing of Redis.
-func TestTakenFailed(t *testing.T) {
-	pos := window.Locate(0, 60_000, false, 0, nil)
-	down := errors.New("redis down")
-	for _, left := range []bool{false, true} {
-		synctest.Test(t, func(t *testing.T) {
-			tb := newTable(t)
-			*tb.entry("hot", pos) = lease{rate: 2000, at: pos, key: "k", size: 100}
-			p := decision(pos, 1)
-			var taken Taken
-			tb.TakePlan(p, &taken, false)
-			p.Reqs = []*script.Request{{Keys: []string{"k", "k0"}}}
-			done := serveAsync(tb, context.Background(), decision(pos, 1))
-			synctest.Wait()
-			taken.Failed(p, down, left)
-			taken.Settle(p, true) // settled once: nothing more
-			if left {
-				require.ErrorIs(t, <-done, errNotServed)
-			} else {
-				require.ErrorIs(t, <-done, down)
-			}
-		})
-	}
 }
 
 // The wait ends at Config.Wait (the Limiter's timeout, which bounds the
 // refill's call) or when the caller leaves, whichever is first; then the
-// request goes its own way. A look does not wait, nor does a request that
-// the refill could not serve, nor one when no refill is in flight, nor
-// one of a lease whose last refill brought nothing beyond its need.
+// request goes its own way, and a caller who left is not served even if
+// the refill has landed. Nothing waits without a timeout, nor a look, nor
+// a request that the refill could not serve, nor one when no refill is in
+// flight, nor one of a lease whose last refill brought nothing beyond its
+// need, nor one with two short leases.
 func TestServeWaitIsBounded(t *testing.T) {
 	pos := window.Locate(0, 60_000, false, 0, nil)
 	synctest.Test(t, func(t *testing.T) {
 		tb, _, _ := emptied(t, 100*time.Millisecond, pos)
 		start := time.Now()
-		served, err := tb.ServePlan(context.Background(), decision(pos, 1), false)
-		require.False(t, served)
-		require.NoError(t, err)
+		require.False(t, tb.ServePlan(context.Background(), decision(pos, 1), false))
 		require.Equal(t, 100*time.Millisecond, time.Since(start))
 	})
 	synctest.Test(t, func(t *testing.T) {
-		tb, _, _ := emptied(t, 0, pos)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		defer cancel()
+		tb, ask, grant := emptied(t, time.Hour, pos)
+		ctx, cancel := context.WithCancel(context.Background())
 		start := time.Now()
-		served, err := tb.ServePlan(ctx, decision(pos, 1), false)
-		require.False(t, served)
-		require.NoError(t, err, "its call tells the caller it left")
-		require.Equal(t, 30*time.Millisecond, time.Since(start))
+		done := serveAsync(tb, ctx, decision(pos, 1))
+		synctest.Wait()
+		cancel()
+		synctest.Wait()
+		tb.Settle(ask, grant, []Answer{{Allowed: true}})
+		require.False(t, <-done, "its caller left")
+		require.Zero(t, time.Since(start))
 	})
 	noWait := func(t *testing.T, tb *Table, p *plan.Plan, look bool, why string) {
 		start := time.Now()
-		served, err := tb.ServePlan(context.Background(), p, look)
-		require.False(t, served, why)
-		require.NoError(t, err, why)
+		require.False(t, tb.ServePlan(context.Background(), p, look), why)
 		require.Zero(t, time.Since(start), why)
 	}
+	synctest.Test(t, func(t *testing.T) {
+		tb, _, _ := emptied(t, 0, pos)
+		noWait(t, tb, decision(pos, 1), false, "no timeout")
+	})
 	synctest.Test(t, func(t *testing.T) {
 		tb, _, _ := emptied(t, time.Hour, pos)
 		noWait(t, tb, decision(pos, 1), true, "a look")
@@ -176,13 +141,53 @@ func TestServeWaitIsBounded(t *testing.T) {
 		require.NotNil(t, grant[0].refill)
 		noWait(t, tb, decision(pos, 1), false, "a dry lease")
 	})
-	synctest.Test(t, func(t *testing.T) { // two limits, one of them with no lease at all
+	other := window.Locate(0, 1_000, false, 0, nil) // a second limit of "hot"
+	otherSpan := plan.Span{ID: "hot", Rate: 2000, Cost: 1, Pos: other, Lease: true}
+	synctest.Test(t, func(t *testing.T) {
 		tb, _, _ := emptied(t, time.Hour, pos)
 		p := decision(pos, 1)
-		other := window.Locate(0, 1_000, false, 0, nil)
-		p.Spans = append(p.Spans, plan.Span{ID: "hot", Rate: 50, Cost: 1, Pos: other, Lease: true})
+		p.Spans = append(p.Spans, otherSpan)
 		noWait(t, tb, p, false, "another limit has no lease")
 	})
+	synctest.Test(t, func(t *testing.T) {
+		tb, _, _ := emptied(t, time.Hour, pos)
+		*tb.entry("hot", other) = lease{rate: 2000, at: other, key: "o", size: 100}
+		tb.Take([]Ask{{ID: "hot", Rate: 2000, N: 1, Pos: other, Key: "o"}}, make([]Grant, 1), false) // its refill too
+		p := decision(pos, 1)
+		p.Spans = append(p.Spans, otherSpan)
+		noWait(t, tb, p, false, "two short leases")
+	})
+}
+
+// settlingCtx is a ctx its caller has left, which settles a refill when
+// its Done channel is first asked for: the refill and the ctx end together.
+type settlingCtx struct {
+	context.Context
+	settle func()
+	done   chan struct{}
+}
+
+func (c *settlingCtx) Done() <-chan struct{} {
+	if c.settle != nil {
+		c.settle()
+		c.settle = nil
+	}
+	return c.done
+}
+
+func (c *settlingCtx) Err() error { return context.Canceled }
+
+// A caller who left is not served from the refill it waited for, even when
+// the refill landed as it left (the wait's select may pick either).
+func TestLeftCallerNotServed(t *testing.T) {
+	pos := window.Locate(0, 60_000, false, 0, nil)
+	for range 64 {
+		tb, ask, grant := emptied(t, time.Hour, pos)
+		ctx := &settlingCtx{Context: context.Background(), done: make(chan struct{})}
+		close(ctx.done)
+		ctx.settle = func() { tb.Settle(ask, grant, []Answer{{Allowed: true}}) }
+		require.False(t, tb.ServePlan(ctx, decision(pos, 1), false))
+	}
 }
 
 // A decision that panics between TakePlan and Settle (a hook of the
@@ -192,21 +197,24 @@ func TestAbandonEndsRefill(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		pos := window.Locate(0, 60_000, false, 0, nil)
 		tb := newTable(t)
+		tb.cfg.Wait = time.Hour
 		*tb.entry("hot", pos) = lease{rate: 2000, at: pos, key: "k", size: 100}
-		var done <-chan error
+		var taken Taken
+		tb.TakePlan(decision(pos, 1), &taken, false) // the refill
+		start := time.Now()
+		done := serveAsync(tb, context.Background(), decision(pos, 1))
+		synctest.Wait()
 		func() {
 			defer func() { _ = recover() }()
-			var taken Taken
 			defer taken.Abandon()
-			tb.TakePlan(decision(pos, 1), &taken, false)
-			done = serveAsync(tb, context.Background(), decision(pos, 1))
-			synctest.Wait()
 			panic("a hook")
 		}()
-		require.ErrorIs(t, <-done, errNotServed)
+		require.False(t, <-done)
+		require.Zero(t, time.Since(start), "the wait ended with the abandoned refill")
 		ask, grant := []Ask{{ID: "hot", Rate: 2000, N: 1, Pos: pos, Key: "k"}}, make([]Grant, 1)
 		tb.Take(ask, grant, false)
 		require.NotNil(t, grant[0].refill, "the next request refills")
+		taken.Settle(decision(pos, 1), true) // settled already: nothing
 	})
 }
 
