@@ -20,6 +20,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/slidingwindow/ratelimit"
 )
@@ -29,6 +30,11 @@ import (
 // safe for simultaneous use.
 type Config struct {
 	domains map[string]*node
+	// calendar: the domains (nil: all) where WithCalendar made units of a
+	// day and up calendar periods in zone
+	calendar     map[string]bool
+	calendarAll  bool
+	calendarZone *time.Location
 }
 
 // Rule is the rate_limit of one descriptor of the configuration.
@@ -39,9 +45,17 @@ type Rule struct {
 	Replaces []string
 	// Unlimited rules allow everything without asking Redis.
 	Unlimited bool
-	// Shadow (shadow_mode, or quota_mode: the reference's soft limits)
-	// rules report a denial, and let it through.
+	// Shadow (shadow_mode) rules let a request over them through, their
+	// status OK.
 	Shadow bool
+	// QuotaMode (quota_mode) rules keep their status, OVER_LIMIT when
+	// over, but a request is over as a whole only when every quota_mode
+	// descriptor of it is over (or another rule is): the reference's
+	// quota mode (envoyproxy/ratelimit PR #1059).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, sent back in the response's
+	// dynamic metadata when the descriptor passes (WithDynamicMetadata).
+	Metadata *structpb.Struct
 	// DetailedMetric names the rule's metrics by the request's values.
 	DetailedMetric bool
 	// RequestsPerUnit and Unit are the limit as the reference's answer
@@ -51,35 +65,56 @@ type Rule struct {
 	Unit            pb.RateLimitResponse_RateLimit_Unit
 	// Limit is what the library decides: RequestsPerUnit in a sliding
 	// window of the unit's length (Strict and Leased from strict and
-	// leased, Shadow from shadow_mode), named Name. Its Rate is 0 for a rule of 0 requests, which
+	// leased, Shadow from shadow_mode or quota_mode: neither holds back
+	// another descriptor of the request), named Name. Its Rate is 0 for a rule of 0 requests, which
 	// denies every request without asking Redis.
 	Limit ratelimit.Limit
 	// Key is the rule's place in the configuration, as the reference
 	// names its metrics: domain.key_value.key...
 	Key string
+	// byUnit: the rule's length is its unit (not a window), which
+	// WithCalendar may make a calendar period.
+	byUnit bool
 }
 
 // node is one descriptor of the configuration: by the key (and value) of
 // a request's entry, the next level, and a rule.
 type node struct {
 	children       map[string]*node // by key_value, or key for a default
-	wildcards      []wildcard       // the children whose value ends with a *
+	wildcards      []wildcard       // the children whose value has a *, in file order
 	rule           *Rule
 	valueToMetric  bool
 	shareThreshold bool
 	pattern        string // the node's value, with its *, when shareThreshold
 }
 
-// wildcard is a child whose key_value ends with a '*', which matches any
-// run of bytes; a '*' elsewhere is itself, as in the reference (v1.4.1,
-// which Envoy Gateway runs).
+// wildcard is a child whose key_value has a '*', each of which matches
+// any run of bytes, as in the reference since PR #1085 (March 2026; its
+// January build, the newest the Go module proxy serves, matched a trailing
+// '*' only, and read one elsewhere as itself).
 type wildcard struct {
-	key    string // key_value, as in children
-	prefix string // key_value without its last '*'
+	key   string   // key_value, as in children
+	parts []string // key_value split at its '*'s
 }
 
-// match reports whether s, a request's key_value, matches w.
-func (w wildcard) match(s string) bool { return strings.HasPrefix(s, w.prefix) }
+// match reports whether s, a request's key_value, matches w, as the
+// reference's wildcardMatch: the first part a prefix, the last a suffix,
+// the ones between in order, none overlapping.
+func (w wildcard) match(s string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if !strings.HasPrefix(s, first) || len(s)-len(first) < len(last) || !strings.HasSuffix(s, last) {
+		return false
+	}
+	rest := s[len(first) : len(s)-len(last)]
+	for _, part := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(rest, part)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(part):]
+	}
+	return true
+}
 
 // units are the reference's units, by name, with their lengths: a month is
 // 30 days and a year 365, as the reference counts them.
@@ -359,17 +394,20 @@ func (n *node) loadDescriptors(parentKey string, ds []yamlDescriptor, fail func(
 			if err != nil {
 				return err
 			}
+			if rule.Metadata, err = metadataOf(&d.Metadata); err != nil {
+				return fail(at, "error parsing metadata: %v", err)
+			}
 			child.rule = rule
 		}
-		wild := strings.HasSuffix(finalKey, "*")
+		wild := strings.Contains(finalKey, "*")
 		if d.ShareThreshold {
 			if !wild {
-				return fail(at, "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", finalKey)
+				return fail(at, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
 			}
 			child.pattern = d.Value
 		}
 		if wild {
-			n.wildcards = append(n.wildcards, wildcard{key: finalKey, prefix: strings.TrimSuffix(finalKey, "*")})
+			n.wildcards = append(n.wildcards, wildcard{key: finalKey, parts: strings.Split(finalKey, "*")})
 		}
 		if err := child.loadDescriptors(fullKey+".", d.Descriptors, fail); err != nil {
 			return err
@@ -382,8 +420,8 @@ func (n *node) loadDescriptors(parentKey string, ds []yamlDescriptor, fail func(
 // newRule returns the rule of d, at fullKey.
 func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.Node, string, ...any) error) (*Rule, error) {
 	y := d.RateLimit
-	soft := d.ShadowMode || d.QuotaMode // the reference's quota_mode: over is OK too
-	r := &Rule{Name: y.Name, Unlimited: y.Unlimited, Shadow: soft, DetailedMetric: d.DetailedMetric,
+	soft := d.ShadowMode || d.QuotaMode // neither holds back another descriptor
+	r := &Rule{Name: y.Name, Unlimited: y.Unlimited, Shadow: d.ShadowMode, QuotaMode: d.QuotaMode, DetailedMetric: d.DetailedMetric,
 		RequestsPerUnit: y.RequestsPerUnit, Key: fullKey}
 	u, validUnit := units[strings.ToUpper(y.Unit)]
 	hasWindow := !y.Window.IsZero()
@@ -408,32 +446,23 @@ func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.No
 	case !validUnit:
 		return nil, fail(at, "invalid rate limit unit '%s'", y.Unit)
 	default:
-		r.Unit, r.Limit.Window = u.unit, u.len
+		r.Unit, r.Limit.Window, r.byUnit = u.unit, u.len, true
 	}
 	var period ratelimit.Period
 	var zone *time.Location
 	if y.Calendar != "" {
+		period = periodOf(r.Unit)
 		switch {
 		case y.Unlimited || hasWindow:
 			return nil, fail(at, "calendar '%s' needs a unit of day, week, month or year, not a window or unlimited", y.Calendar)
-		case r.Unit == pb.RateLimitResponse_RateLimit_DAY:
-			period = ratelimit.Daily
-		case r.Unit == pb.RateLimitResponse_RateLimit_WEEK:
-			period = ratelimit.Weekly
-		case r.Unit == pb.RateLimitResponse_RateLimit_MONTH:
-			period = ratelimit.Monthly
-		case r.Unit == pb.RateLimitResponse_RateLimit_YEAR:
-			period = ratelimit.Yearly
-		default:
+		case period == 0:
 			return nil, fail(at, "calendar '%s' with unit '%s': a calendar period is a day, a week, a month or a year", y.Calendar, y.Unit)
 		}
 		loc, err := time.LoadLocation(y.Calendar)
 		if err != nil {
 			return nil, fail(at, "calendar '%s': %v", y.Calendar, err)
 		}
-		if loc != time.UTC {
-			zone = loc
-		}
+		zone = locationOf(loc)
 		r.Limit.Window = 0
 	}
 	for _, rep := range y.Replaces {
@@ -461,6 +490,51 @@ func newRule(d yamlDescriptor, fullKey string, at *yaml.Node, fail func(*yaml.No
 		return nil, fail(at, "an unlimited rate limit cannot be strict or leased")
 	}
 	return r, nil
+}
+
+// metadataOf returns a descriptor's metadata as the reference reads it: a
+// map of anything JSON holds, keys of any scalar written as strings; nil
+// for none.
+func metadataOf(n *yaml.Node) (*structpb.Struct, error) {
+	if n.IsZero() {
+		return nil, nil
+	}
+	var m map[string]any
+	if err := n.Decode(&m); err != nil {
+		return nil, err
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return structpb.NewStruct(jsonOf(m).(map[string]any))
+}
+
+// jsonOf returns v with every map's keys strings and every value one
+// structpb takes (a YAML timestamp becomes its text).
+func jsonOf(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = jsonOf(e)
+		}
+		return out
+	case map[any]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[fmt.Sprint(k)] = jsonOf(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = jsonOf(e)
+		}
+		return out
+	case time.Time:
+		return v.Format(time.RFC3339Nano)
+	}
+	return v
 }
 
 // parseWindow reads our window: a whole number of ms, or a Go duration of
@@ -528,8 +602,12 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 			return nil
 		}
 		key := descriptorKey(domain, entries)
-		r := &Rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, Key: key,
-			Limit: ratelimit.Limit{Rate: min(int64(o.GetRequestsPerUnit()), maxRate(ratelimit.Limit{Window: u})), Window: u}}
+		limit := ratelimit.Limit{Window: u}
+		if p := periodOf(unit); p != 0 && (c.calendarAll || c.calendar[domain]) {
+			limit = ratelimit.Limit{Calendar: p, Location: locationOf(c.calendarZone)}
+		}
+		limit.Rate = min(int64(o.GetRequestsPerUnit()), maxRate(limit))
+		r := &Rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, Key: key, Limit: limit}
 		return &Match{Rule: r, ID: idOf(domain, entries, nil), MetricKey: key}
 	}
 	var rule *Rule
@@ -611,6 +689,73 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 		m.MetricKey = byValue.String()
 	}
 	return m
+}
+
+// WithCalendar returns a copy of c where, in the domains named (every
+// domain when none is), a rule whose unit is a day, a week, a month or a
+// year counts calendar periods in zone, as the key calendar of a file
+// does: the day from midnight, the week from Monday, the month from the
+// 1st, the year from January 1st, there. Limits Envoy sends with a
+// descriptor of those domains count so too. A rule with a window, or a
+// calendar of its own, keeps it; a strict one is a period, which is a
+// hard bound already. This is how a service configured over
+// xDS, whose RateLimitConfig has no calendar, gets calendar quotas.
+func (c *Config) WithCalendar(zone *time.Location, domains ...string) *Config {
+	out := &Config{domains: make(map[string]*node, len(c.domains)), calendarZone: zone, calendarAll: len(domains) == 0,
+		calendar: map[string]bool{}}
+	for _, d := range domains {
+		out.calendar[d] = true
+	}
+	for name, n := range c.domains {
+		if out.calendarAll || out.calendar[name] {
+			n = n.withCalendar(zone)
+		}
+		out.domains[name] = n
+	}
+	return out
+}
+
+// withCalendar returns a copy of n and its children whose rules by a unit
+// of a day and up count calendar periods in zone.
+func (n *node) withCalendar(zone *time.Location) *node {
+	out := *n
+	out.children = make(map[string]*node, len(n.children))
+	for k, child := range n.children {
+		out.children[k] = child.withCalendar(zone)
+	}
+	if r := n.rule; r != nil && r.byUnit && !r.Unlimited && r.Limit.Calendar == 0 {
+		if p := periodOf(r.Unit); p != 0 {
+			rule := *r
+			rule.Limit.Calendar, rule.Limit.Window, rule.Limit.Location = p, 0, locationOf(zone)
+			rule.Limit.Strict = false // a period is a hard bound already
+			out.rule = &rule
+		}
+	}
+	return &out
+}
+
+// periodOf returns the calendar period of a unit, 0 for a unit shorter than
+// a day.
+func periodOf(u pb.RateLimitResponse_RateLimit_Unit) ratelimit.Period {
+	switch u {
+	case pb.RateLimitResponse_RateLimit_DAY:
+		return ratelimit.Daily
+	case pb.RateLimitResponse_RateLimit_WEEK:
+		return ratelimit.Weekly
+	case pb.RateLimitResponse_RateLimit_MONTH:
+		return ratelimit.Monthly
+	case pb.RateLimitResponse_RateLimit_YEAR:
+		return ratelimit.Yearly
+	}
+	return 0
+}
+
+// locationOf returns zone as a Limit holds it: nil for UTC.
+func locationOf(zone *time.Location) *time.Location {
+	if zone == nil || zone == time.UTC {
+		return nil
+	}
+	return zone
 }
 
 // maxRate returns the most requests a limit holds exactly: the library's

@@ -121,8 +121,8 @@ func TestMatch(t *testing.T) {
 		{"a node with neither rule nor children", desc("nothing", "here"), 0, "", ""},
 		{"a wildcard", desc("path", "/api/v1/users"), 50, "edge_proxy_per_ip.path_/api/*", "edge_proxy_per_ip|path=/api/v1/users"},
 		{"a wildcard's values share a count with share_threshold", desc("user", "team-7-admin"), 5, "edge_proxy_per_ip.user_team-*", "edge_proxy_per_ip|user=team-*"},
-		{"a * in the middle is itself, as in the reference", desc("role", "a*b"), 6, "edge_proxy_per_ip.role_a*b", "edge_proxy_per_ip|role=a*b"},
-		{"and no wildcard", desc("role", "axb"), 0, "", ""},
+		{"a * in the middle matches itself", desc("role", "a*b"), 6, "edge_proxy_per_ip.role_a*b", "edge_proxy_per_ip|role=a*b"},
+		{"and any run of bytes", desc("role", "axb"), 6, "edge_proxy_per_ip.role_a*b", "edge_proxy_per_ip|role=axb"},
 		{"detailed_metric names the values", desc("client", "acme"), 1000, "edge_proxy_per_ip.client_acme", "edge_proxy_per_ip|client=acme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,6 +137,93 @@ func TestMatch(t *testing.T) {
 			require.Equal(t, tc.id, m.ID)
 		})
 	}
+}
+
+// wildcards is the reference's test/config/wildcard.yaml (at f2fb157),
+// with a trailing wildcard before an exact value and a default, and two
+// wildcards that both match.
+const wildcards = `
+domain: test-domain
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noWild
+    value: foo
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: midWild
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 21}
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 22}
+  - key: order
+    value: a*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: order
+    value: ab
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: order
+    value: '*b'
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: order
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: overlap
+    value: ab*ba
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+
+// A '*' anywhere in a value, as the reference's wildcardMatch
+// (src/config/config_impl.go at f2fb157, lines 199-237; its
+// TestWildcardConfig, test/config/config_test.go lines 576-705): an exact
+// value first, then the wildcards in file order, then the key's default.
+func TestWildcardAnywhere(t *testing.T) {
+	c := load(t, wildcards)
+	for _, tc := range []struct {
+		key, value string
+		rate       int64 // 0: no rule
+		metric     string
+	}{
+		{"wild", "foo", 20, "test-domain.wild_foo*"},
+		{"wild", "foo123", 20, "test-domain.wild_foo*"},
+		{"noWild", "foo1", 0, ""},
+		{"midWild", "barab", 21, "test-domain.midWild_bar*b"},
+		{"midWild", "bar123b", 21, "test-domain.midWild_bar*b"},
+		{"midWild", "barb", 21, "test-domain.midWild_bar*b"},
+		{"midWild", "bara", 0, ""},
+		{"midWild", "xbarb", 0, ""},
+		{"multiWild", "foo123bar456baz", 10, "test-domain.multiWild_foo*bar*baz"},
+		{"multiWild", "foobarbaz", 10, "test-domain.multiWild_foo*bar*baz"},
+		{"multiWild", "foo123baz", 0, ""},
+		{"multiWild", "bar456baz", 0, ""},
+		{"multiWild", "foobazbar", 0, ""},
+		{"order", "ab", 2, "test-domain.order_ab"},
+		{"order", "axb", 1, "test-domain.order_a*"},
+		{"order", "xb", 3, "test-domain.order_*b"},
+		{"order", "x", 4, "test-domain.order"},
+		{"overlap", "aba", 0, ""},
+		{"overlap", "abba", 5, "test-domain.overlap_ab*ba"},
+	} {
+		m := c.Match("test-domain", desc(tc.key, tc.value))
+		if tc.rate == 0 {
+			require.Nil(t, m, "%s=%s", tc.key, tc.value)
+			continue
+		}
+		require.NotNil(t, m, "%s=%s", tc.key, tc.value)
+		require.Equal(t, tc.rate, m.Rule.Limit.Rate, "%s=%s", tc.key, tc.value)
+		require.Equal(t, tc.metric, m.MetricKey, "%s=%s", tc.key, tc.value)
+	}
+	m := c.Match("test-domain", desc("nestedWild", "val1", "wild", "goose"))
+	require.Equal(t, "test-domain.nestedWild_val1.wild_goo*", m.MetricKey)
+	require.Equal(t, c.Match("test-domain", desc("order", "xb")).ID, c.Match("test-domain", desc("order", "yyb")).ID,
+		"share_threshold: the values of *b share one count")
 }
 
 // Ids never collide, whatever the bytes of keys and values.
@@ -189,7 +276,8 @@ func TestLoadErrors(t *testing.T) {
 		{"invalid unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "config.yaml:3: invalid rate limit unit 'fortnight'"},
 		{"replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}\n", "config.yaml:3: replaces should not contain name of same descriptor"},
 		{"replaces nothing", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "config.yaml:3: should not have an empty replaces entry"},
-		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "config.yaml:3: share_threshold can only be used with wildcard values (ending with '*'), but found key 'a_b'"},
+		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "config.yaml:3: share_threshold can only be used with wildcard values (containing '*'), but found key 'a_b'"},
+		{"metadata that is no map", "domain: d\ndescriptors:\n  - key: a\n    metadata: text\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "config.yaml:3: error parsing metadata"},
 		{"not YAML", "domain: [", "config.yaml: error loading config file"},
 		{"a list of scalars", "domain: d\ndescriptors:\n  - a\n", "config.yaml:3: config error, yaml file contains list of type other than map: a"},
 		{"a negative rate", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "config.yaml:4: error loading config file"},
@@ -286,11 +374,12 @@ func TestLoadConfigMerged(t *testing.T) {
 	require.ErrorContains(t, err, "duplicate descriptor composite key 'api.user'")
 }
 
-// quota_mode, the reference's soft limit: counted, and over its rate the
-// request still passes, its status OK.
+// quota_mode: a rule of its own kind, whose Limit holds back no other
+// descriptor (the decision is the Server's: TestQuotaModeDecision).
 func TestQuotaMode(t *testing.T) {
 	c := load(t, "domain: api\ndescriptors:\n  - key: tokens\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
 	r := c.Match("api", desc("tokens", "t")).Rule
-	require.True(t, r.Shadow)
+	require.True(t, r.QuotaMode)
+	require.False(t, r.Shadow, "its status says over")
 	require.True(t, r.Limit.Shadow)
 }

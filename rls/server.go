@@ -60,7 +60,8 @@ type Server struct {
 type Option func(*options)
 
 type options struct {
-	shadow                     bool
+	shadow, quotaMode          bool
+	dynamicMetadata            bool
 	policy                     bool
 	limitH, remainingH, resetH string
 	metrics                    *Metrics
@@ -70,6 +71,19 @@ type options struct {
 // WithShadowMode answers OK to every request, whatever its descriptors'
 // statuses say (the reference's SHADOW_MODE): to try a configuration.
 func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } }
+
+// WithQuotaMode puts every rule in quota mode (the reference's
+// QUOTA_MODE): each descriptor keeps its status, and a request is
+// OVER_LIMIT only when every descriptor of it that is not unlimited is.
+func WithQuotaMode(on bool) Option { return func(o *options) { o.quotaMode = on } }
+
+// WithDynamicMetadata sends, with every answer, dynamic metadata as the
+// reference's RESPONSE_DYNAMIC_METADATA does: the domain, the request's
+// descriptors (entries as key=value, their own limit and hits_addend),
+// its hits_addend when set, and the metadata of the rules of the
+// descriptors that passed, merged (the first one's value of a key wins,
+// maps merged key by key).
+func WithDynamicMetadata(on bool) Option { return func(o *options) { o.dynamicMetadata = on } }
 
 // WithFailurePolicy has the Limiter's failure policy answer when Redis
 // cannot (FailOpen: OK, Degraded; FailClosed: UNAVAILABLE; FailLocal: this
@@ -165,7 +179,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 			ds[i].match = nil
 		}
 	}
-	quotas, err := quotasOf(ds)
+	quotas, err := quotasOf(ds, s.opts.quotaMode)
 	if err != nil {
 		return nil, err
 	}
@@ -179,11 +193,27 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
 	var binding *pb.RateLimitResponse_DescriptorStatus
 	var degraded *Rule // the first descriptor the failure policy decided
+	var passed []int   // the descriptors not unlimited and not over, for the metadata
+	overRules, quotaRules, overQuotaRules := 0, 0, 0
 	for i, d := range ds {
 		st := s.status(d, quotas, results)
 		resp.Statuses[i] = st
-		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
-			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		if d.match == nil || !d.match.Rule.Unlimited {
+			// the reference's rule (src/service/ratelimit.go, near line 252):
+			// over when a rule not in quota mode is, or every one in it is
+			quota := s.opts.quotaMode || d.match != nil && d.match.Rule.QuotaMode
+			over := st.Code == pb.RateLimitResponse_OVER_LIMIT
+			switch {
+			case over && quota:
+				overQuotaRules++
+			case over:
+				overRules++
+			default:
+				passed = append(passed, i)
+			}
+			if quota {
+				quotaRules++
+			}
 		}
 		if st.CurrentLimit != nil && !d.negative && (binding == nil || binds(st, binding)) {
 			binding = st
@@ -194,6 +224,12 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		if m := s.opts.metrics; m != nil && d.match != nil && !d.negative {
 			m.hits(req.GetDomain(), d, quotas, results, s.opts.nearRatio)
 		}
+	}
+	if overRules > 0 || quotaRules > 0 && overQuotaRules == quotaRules {
+		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+	}
+	if s.opts.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, ds, passed)
 	}
 	switch {
 	case s.opts.limitH == "":
@@ -285,7 +321,9 @@ func (d *descriptor) decidedInRedis() bool {
 // result, against its own rule with the hits up to its own: the quota's
 // rate is the tightest of rate + cost − upTo over its descriptors, a rule
 // in shadow mode left out beside one that is not (it decides nothing).
-func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
+// With soft, every limit is a Shadow one (quota mode everywhere: one
+// descriptor over holds back no other).
+func quotasOf(ds []descriptor, soft bool) ([]ratelimit.Quota, error) {
 	var quotas []ratelimit.Quota
 	for i := range ds {
 		d := &ds[i]
@@ -293,6 +331,7 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 			continue
 		}
 		limit := d.match.Rule.Limit
+		limit.Shadow = limit.Shadow || soft
 		for q := range quotas {
 			if o := &quotas[q]; o.ID == d.match.ID && o.Limit.Window == limit.Window && o.Limit.Strict == limit.Strict &&
 				o.Limit.Calendar == limit.Calendar && o.Limit.Location.String() == limit.Location.String() {
@@ -319,7 +358,7 @@ func quotasOf(ds []descriptor) ([]ratelimit.Quota, error) {
 			continue
 		}
 		q := &quotas[d.quota]
-		if d.match.Rule.Limit.Shadow && !q.Limit.Shadow {
+		if (d.match.Rule.Limit.Shadow || soft) && !q.Limit.Shadow {
 			continue
 		}
 		r := min(d.match.Rule.Limit.Rate+q.Cost-d.upTo, maxRate(q.Limit))

@@ -445,16 +445,129 @@ func TestDegradedSaysNoCounts(t *testing.T) {
 	require.Equal(t, map[string]string{"RateLimit-Limit": "100"}, headers(r))
 }
 
-// quota_mode, as the reference: over its rate, the request passes and the
-// status is OK.
+// quotaConfig has two rules in quota mode and one that is not.
+const quotaConfig = `
+domain: api
+descriptors:
+  - key: tokens
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: backup
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+// quota_mode as the reference has it since PR #1059 (March 2026; its
+// January build answered OK to every quota over, and TestPeerMigration
+// shows that build): a quota_mode descriptor keeps its status, and the
+// request is over when every quota_mode descriptor of it is, or a
+// descriptor that is not (src/service/ratelimit.go at f2fb157, lines
+// 232-255).
 func TestQuotaModeDecision(t *testing.T) {
 	f := newFixture(t)
-	f.s.SetConfig(load(t, "domain: api\ndescriptors:\n  - key: tokens\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"))
-	for range 3 {
-		r := f.ask(t, 0, desc("tokens", "t"))
-		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
-		require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
-		require.Zero(t, r.Statuses[0].LimitRemaining, "counted: 1 of 1, then over")
-		require.NotNil(t, r.Statuses[0].CurrentLimit, "a limit, not unlimited")
+	f.s.SetConfig(load(t, quotaConfig))
+	r := f.ask(t, 0, desc("tokens", "t"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Zero(t, r.Statuses[0].LimitRemaining, "counted: 1 of 1")
+	r = f.ask(t, 0, desc("tokens", "t"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[0].Code, "its own status says over")
+	require.NotNil(t, r.Statuses[0].CurrentLimit)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode, "its only quota is over")
+
+	// one quota of two over: the other serves; it is counted
+	r = f.ask(t, 0, desc("tokens", "t"), desc("backup", "b"))
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OK}, codesOf(r))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Equal(t, uint32(2), r.Statuses[1].LimitRemaining, "the backup quota counted it")
+
+	// a rule not in quota mode over decides, whatever the quotas say
+	f.ask(t, 2, desc("user", "ann"))
+	r = f.ask(t, 0, desc("backup", "b"), desc("user", "ann"))
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OK, pb.RateLimitResponse_OVER_LIMIT}, codesOf(r))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+
+	// both quotas over (backup counted 2 of its 3: a quota descriptor
+	// is counted when its own rule admits it, as the reference counts it)
+	f.ask(t, 1, desc("backup", "b"))
+	r = f.ask(t, 0, desc("tokens", "t"), desc("backup", "b"))
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OVER_LIMIT}, codesOf(r))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+}
+
+// QUOTA_MODE puts every rule in quota mode: the request is over only when
+// every descriptor not unlimited is, one that matches no rule passing.
+func TestGlobalQuotaMode(t *testing.T) {
+	f := newFixture(t, WithQuotaMode(true))
+	f.ask(t, 2, desc("user", "ann"))
+	r := f.ask(t, 0, desc("user", "ann"), desc("tenant", "acme"))
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OK}, codesOf(r))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+	require.Equal(t, uint32(99), r.Statuses[1].LimitRemaining, "the tenant counted it, the user over held nothing back")
+	r = f.ask(t, 0, desc("user", "ann"), desc("nothing", "x"))
+	require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "a descriptor of no rule passes")
+	r = f.ask(t, 0, desc("user", "ann"), desc("health", "ok"))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode, "an unlimited one is not a quota")
+}
+
+// codesOf returns the statuses' codes of r.
+func codesOf(r *pb.RateLimitResponse) []pb.RateLimitResponse_Code {
+	var out []pb.RateLimitResponse_Code
+	for _, st := range r.Statuses {
+		out = append(out, st.Code)
 	}
+	return out
+}
+
+// metadataConfig has rules with metadata, one nested map to merge.
+const metadataConfig = `
+domain: ai
+descriptors:
+  - key: model
+    value: gpt-*
+    quota_mode: true
+    metadata: {backend: primary, route: {pool: a, weight: 1}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tier
+    metadata: {backend: secondary, route: {zone: eu, pool: b}, tags: [x, 2]}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+
+// RESPONSE_DYNAMIC_METADATA, as the reference's ratelimitToMetadata
+// (src/service/ratelimit.go at f2fb157, lines 277-360): the domain, the
+// descriptors, hitsAddend when set, and the metadata of the descriptors
+// that passed, merged, the first one's value winning.
+func TestDynamicMetadata(t *testing.T) {
+	f := newFixture(t, WithDynamicMetadata(true))
+	f.s.SetConfig(load(t, metadataConfig))
+	own := desc("tier", "gold")
+	own.HitsAddend = wrapperspb.UInt64(2)
+	call := func(hits uint32, want pb.RateLimitResponse_Code) map[string]any {
+		resp, err := f.s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "ai", HitsAddend: hits,
+			Descriptors: []*rlv3.RateLimitDescriptor{desc("model", "gpt-5"), own, desc("other", "x")}})
+		require.NoError(t, err)
+		require.Equal(t, want, resp.OverallCode)
+		return resp.DynamicMetadata.AsMap()
+	}
+	descriptors := []any{
+		map[string]any{"entries": []any{"model=gpt-5"}},
+		map[string]any{"entries": []any{"tier=gold"}, "hitsAddend": 2.0},
+		map[string]any{"entries": []any{"other=x"}},
+	}
+	require.Equal(t, map[string]any{
+		"domain": "ai", "descriptors": descriptors, "hitsAddend": 1.0,
+		"metadata": map[string]any{"backend": "primary", "route": map[string]any{"pool": "a", "weight": 1.0, "zone": "eu"}, "tags": []any{"x", 2.0}},
+	}, call(1, pb.RateLimitResponse_OK))
+	// the model's quota is over now (and so is the request, its only
+	// quota over): its metadata is left out, the others' sent
+	require.Equal(t, map[string]any{
+		"domain": "ai", "descriptors": descriptors,
+		"metadata": map[string]any{"backend": "secondary", "route": map[string]any{"pool": "b", "zone": "eu"}, "tags": []any{"x", 2.0}},
+	}, call(0, pb.RateLimitResponse_OVER_LIMIT))
+	require.Equal(t, "primary", f.s.Config().Match("ai", desc("model", "gpt-4")).Rule.Metadata.AsMap()["backend"], "the rules' metadata unchanged")
+
+	f = newFixture(t)
+	f.s.SetConfig(load(t, metadataConfig))
+	require.Nil(t, f.ask(t, 0, desc("tier", "gold")).DynamicMetadata, "off by default, as in the reference")
 }

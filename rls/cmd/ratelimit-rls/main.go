@@ -184,6 +184,8 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 
 	serverOpts := []rls.Option{
 		rls.WithShadowMode(s.shadowMode),
+		rls.WithQuotaMode(s.quotaMode),
+		rls.WithDynamicMetadata(s.dynamicMetadata),
 		rls.WithFailurePolicy(s.failurePolicy != "unavailable"),
 		rls.WithNearLimitRatio(s.nearLimitRatio),
 	}

@@ -5,13 +5,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
 )
@@ -96,9 +99,15 @@ func TestXDSPeer(t *testing.T) {
 	}
 }
 
-// Where an operator migrating from the reference meets a difference, with
-// the reference's answer beside ours: a '*' inside a value is itself, and
-// MERGE_DOMAIN_CONFIG=true splits a domain over two files.
+// Where an operator migrating from the reference's January build (the
+// newest the Go module proxy serves) meets a difference, with its answer
+// beside ours, and MERGE_DOMAIN_CONFIG=true splitting a domain over two
+// files. Ours follows the reference as Envoy Gateway v1.6 and v1.7 ship
+// it, newer than that build: a '*' inside a value matches any run of
+// bytes (PR #1085, src/config/config_impl.go at f2fb157, wildcardMatch,
+// lines 199-237), and a request whose only quota_mode descriptor is over
+// is OVER_LIMIT (PR #1059, src/service/ratelimit.go at f2fb157, lines
+// 250-255); the January build reads the '*' as itself and answers OK.
 func TestPeerMigration(t *testing.T) {
 	bin := referenceBinary(t)
 	redisSrv := testredis.Start(t)
@@ -128,21 +137,27 @@ descriptors:
 	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "more.yaml"), []byte(second), 0o644))
 	waitFor(t, "our two files", func() bool { return ruleOf(t, ours, "tenant", "x") == 8 })
 	for _, tc := range []struct {
-		key, value string
-		rate       uint32
+		key, value    string
+		rate, january uint32
 	}{
-		{"role", "a*b", 6}, {"role", "axb", 0}, {"path", "/api/v1", 7}, {"tenant", "x", 8},
+		{"role", "a*b", 6, 6}, {"role", "axb", 6, 0}, {"path", "/api/v1", 7, 7}, {"tenant", "x", 8, 8},
 	} {
-		for name, s := range map[string]*service{"reference": ref, "ours": ours} {
-			require.Equal(t, tc.rate, ruleOf(t, s, tc.key, tc.value), "%s: %s=%s", name, tc.key, tc.value)
-		}
+		require.Equal(t, tc.january, ruleOf(t, ref, tc.key, tc.value), "reference: %s=%s", tc.key, tc.value)
+		require.Equal(t, tc.rate, ruleOf(t, ours, tc.key, tc.value), "ours: %s=%s", tc.key, tc.value)
 	}
-	// quota_mode: a soft limit, over it the request passes
-	for name, s := range map[string]*service{"reference": ref, "ours": ours} {
-		for i := range 3 {
+	// quota_mode over its limit: the January build answers OK, the
+	// descriptor's status OK too; ours keeps the status OVER_LIMIT, and the
+	// request, its only quota over, is OVER_LIMIT
+	for i := range 3 {
+		want := map[*service]pb.RateLimitResponse_Code{ref: pb.RateLimitResponse_OK, ours: pb.RateLimitResponse_OK}
+		if i > 0 {
+			want[ours] = pb.RateLimitResponse_OVER_LIMIT
+		}
+		for s, code := range want {
 			r, err := ask(context.Background(), s.client(t), desc("tokens", "t"))
 			require.NoError(t, err)
-			require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode, "%s: request %d of 1 a minute in quota_mode", name, i+1)
+			require.Equal(t, code, r.OverallCode, "request %d of 1 a minute in quota_mode (reference: %t)", i+1, s == ref)
+			require.Equal(t, code, r.Statuses[0].Code, "request %d of 1 a minute in quota_mode (reference: %t)", i+1, s == ref)
 		}
 	}
 }
@@ -190,4 +205,43 @@ descriptors:
 	require.Equal(t, answers["reference"], answers["ours"])
 	require.Equal(t, []string{"OK", "OK"}, answers["ours"][:2])
 	require.NotContains(t, answers["ours"][2:], "OK")
+}
+
+// RESPONSE_DYNAMIC_METADATA against the reference's January build, which
+// has it (PR #1027): the same domain, descriptors (entries, own limit, own
+// hits_addend) and hitsAddend. The rules' metadata came later (PR #1112,
+// April 2026): TestDynamicMetadata in package rls holds it to the source.
+func TestPeerDynamicMetadata(t *testing.T) {
+	bin := referenceBinary(t)
+	redisSrv := testredis.Start(t)
+	ref := launchReference(t, bin, map[string]string{"config.yaml": peerConfig}, "REDIS_URL="+redisSrv.Addr, "RESPONSE_DYNAMIC_METADATA=true")
+	ref.waitHealthy(t)
+	ours := start(t, "REDIS_URL="+redisSrv.Addr, "RESPONSE_DYNAMIC_METADATA=true", "CACHE_KEY_PREFIX=ours:")
+	require.NoError(t, os.WriteFile(filepath.Join(ours.configDir, "config.yaml"), []byte(peerConfig), 0o644))
+	own := desc("tenant", "acme")
+	own.HitsAddend = wrapperspb.UInt64(2)
+	override := desc("path", "/api/x")
+	override.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 9, Unit: typev3.RateLimitUnit_HOUR}
+	req := &pb.RateLimitRequest{Domain: "peer", HitsAddend: 3, Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann"), own, override}}
+	got := map[string]map[string]any{}
+	for name, s := range map[string]*service{"reference": ref, "ours": ours} {
+		waitFor(t, name+" serving peer", func() bool {
+			r, err := s.client(t).ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "peer", Descriptors: []*rlv3.RateLimitDescriptor{desc("health", "x")}})
+			return err == nil && r.Statuses[0].LimitRemaining > 0
+		})
+		r, err := s.client(t).ShouldRateLimit(context.Background(), req)
+		require.NoError(t, err)
+		m := r.GetDynamicMetadata().AsMap()
+		// the limit in protobuf's text form, whose spacing each binary picks
+		d := m["descriptors"].([]any)[2].(map[string]any)
+		d["limit"] = strings.Join(strings.Fields(d["limit"].(string)), " ")
+		got[name] = m
+	}
+	// the January build's quotaModeEnabled, which the source at f2fb157
+	// no longer writes (src/service/ratelimit.go, lines 277-305)
+	require.Equal(t, false, got["reference"]["quotaModeEnabled"])
+	delete(got["reference"], "quotaModeEnabled")
+	require.Equal(t, got["reference"], got["ours"])
+	require.Equal(t, "peer", got["ours"]["domain"])
+	require.Equal(t, 3.0, got["ours"]["hitsAddend"])
 }

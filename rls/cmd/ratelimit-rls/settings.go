@@ -34,6 +34,10 @@ type settings struct {
 	runtimeWatchRoot        bool
 	runtimeIgnoreDotFiles   bool
 	shadowMode              bool
+	quotaMode               bool           // QUOTA_MODE
+	dynamicMetadata         bool           // RESPONSE_DYNAMIC_METADATA
+	calendarZone            *time.Location // ours: RLS_CALENDAR_ZONE
+	calendarDomains         []string       // ours: RLS_CALENDAR_DOMAINS
 	logLevel, logFormat     string
 	headersEnabled          bool
 	limitH, remainingH      string
@@ -77,15 +81,15 @@ REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMP
 REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME
 MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS
 MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT
-MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION QUOTA_MODE RESPONSE_DYNAMIC_METADATA
+MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION
 TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID
 TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
 
 // followedWhenFalse are the reference's switches that this service
-// follows when they are false: it sends no statsd, no traces and no
-// dynamic metadata, and reads one Redis.
+// follows when they are false: it sends no statsd and no traces, and
+// reads one Redis.
 var followedWhenFalse = map[string]bool{"USE_STATSD": true, "USE_DOG_STATSD": true, "TRACING_ENABLED": true,
-	"RESPONSE_DYNAMIC_METADATA": true, "REDIS_PERSECOND": true}
+	"REDIS_PERSECOND": true}
 
 // pairs reads a list such as "a=1,b=2" (sep "="), as the reference reads
 // its node metadata and its extra headers: an entry without sep is
@@ -157,6 +161,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		runtimeApp: str("RUNTIME_APPDIRECTORY", "config"), runtimeWatchRoot: flag("RUNTIME_WATCH_ROOT", true),
 		runtimeIgnoreDotFiles: flag("RUNTIME_IGNOREDOTFILES", false),
 		shadowMode:            flag("SHADOW_MODE", false),
+		quotaMode:             flag("QUOTA_MODE", false),
+		dynamicMetadata:       flag("RESPONSE_DYNAMIC_METADATA", false),
 		logLevel:              str("LOG_LEVEL", "WARN"), logFormat: str("LOG_FORMAT", "text"),
 		headersEnabled: flag("LIMIT_RESPONSE_HEADERS_ENABLED", false),
 		limitH:         str("LIMIT_LIMIT_HEADER", "RateLimit-Limit"), remainingH: str("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
@@ -233,6 +239,20 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 	default:
 		errs = append(errs, fmt.Sprintf("RLS_FAILURE_POLICY=%q is not unavailable, open, closed or local", s.failurePolicy))
 	}
+	if zone := str("RLS_CALENDAR_ZONE", ""); zone != "" {
+		loc, err := time.LoadLocation(zone)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("RLS_CALENDAR_ZONE=%q is not a time zone such as Europe/Berlin or UTC: %v", zone, err))
+		}
+		s.calendarZone = loc
+		for _, d := range strings.Split(str("RLS_CALENDAR_DOMAINS", ""), ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				s.calendarDomains = append(s.calendarDomains, d)
+			}
+		}
+	} else if str("RLS_CALENDAR_DOMAINS", "") != "" {
+		errs = append(errs, "RLS_CALENDAR_DOMAINS needs RLS_CALENDAR_ZONE")
+	}
 	if s.grpcTLS && (s.grpcCert == "" || s.grpcKey == "") {
 		errs = append(errs, "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 	}
@@ -256,10 +276,22 @@ func (s *settings) configDir() string {
 }
 
 // loader returns how a configuration loads: with MERGE_DOMAIN_CONFIG, a
-// domain's descriptors may be split over several files (or resources).
+// domain's descriptors may be split over several files (or resources);
+// with RLS_CALENDAR_ZONE, the units of a day and up of the domains
+// RLS_CALENDAR_DOMAINS names (all when empty) are calendar periods there.
 func (s *settings) loader() func([]rls.File) (*rls.Config, error) {
+	load := rls.LoadConfig
 	if s.mergeDomains {
-		return rls.LoadConfigMerged
+		load = rls.LoadConfigMerged
 	}
-	return rls.LoadConfig
+	if s.calendarZone == nil {
+		return load
+	}
+	return func(files []rls.File) (*rls.Config, error) {
+		c, err := load(files)
+		if err != nil {
+			return nil, err
+		}
+		return c.WithCalendar(s.calendarZone, s.calendarDomains...), nil
+	}
 }

@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	"github.com/stretchr/testify/require"
+
+	"github.com/slidingwindow/ratelimit/rls"
 )
 
 // env returns a lookup of vars, name=value each.
@@ -49,18 +52,37 @@ func TestSettingsErrors(t *testing.T) {
 		{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR=-1", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
 		{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=3", "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"},
 		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/tls.crt", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"},
+		{"QUOTA_MODE=sometimes", "QUOTA_MODE"},
+		{"RLS_CALENDAR_ZONE=Mars/Olympus", "RLS_CALENDAR_ZONE"},
+		{"RLS_CALENDAR_DOMAINS=api", "RLS_CALENDAR_DOMAINS needs RLS_CALENDAR_ZONE"},
 	} {
 		_, err := readSettings(env(tc.v))
 		require.ErrorContains(t, err, tc.says, tc.v)
 	}
-	s, err := readSettings(env("REDIS_TYPE=cluster", "REDIS_PIPELINE_WINDOW=150us", "QUOTA_MODE=true", "REDIS_URL=a:1"))
+	s, err := readSettings(env("REDIS_TYPE=cluster", "REDIS_PIPELINE_WINDOW=150us", "LOCAL_CACHE_SIZE_IN_BYTES=1000", "REDIS_URL=a:1"))
 	require.NoError(t, err, "REDIS_TYPE in any case")
-	require.Equal(t, []string{"QUOTA_MODE", "REDIS_PIPELINE_WINDOW"}, s.notHonoured)
+	require.Equal(t, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "REDIS_PIPELINE_WINDOW"}, s.notHonoured)
 
 	// a switch whose false this service follows is honoured set to false
 	s, err = readSettings(env("USE_STATSD=false", "TRACING_ENABLED=false", "USE_DOG_STATSD=true"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"USE_DOG_STATSD"}, s.notHonoured)
+}
+
+// The reference's QUOTA_MODE and RESPONSE_DYNAMIC_METADATA are read (no
+// longer named as ignored); calendar periods for the domains named.
+func TestQuotaAndCalendarSettings(t *testing.T) {
+	s, err := readSettings(env("QUOTA_MODE=true", "RESPONSE_DYNAMIC_METADATA=true",
+		"RLS_CALENDAR_ZONE=Europe/Berlin", "RLS_CALENDAR_DOMAINS= default/eg/http ,api,"))
+	require.NoError(t, err)
+	require.True(t, s.quotaMode)
+	require.True(t, s.dynamicMetadata)
+	require.Empty(t, s.notHonoured)
+	require.Equal(t, "Europe/Berlin", s.calendarZone.String())
+	require.Equal(t, []string{"default/eg/http", "api"}, s.calendarDomains)
+	c, err := s.loader()([]rls.File{{Name: "a.yaml", Data: []byte("domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, requests_per_unit: 9}\n")}})
+	require.NoError(t, err)
+	require.Equal(t, "9/monthly@Europe/Berlin", c.Match("api", &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}).Rule.Limit.String())
 }
 
 // The xDS settings, with the reference's defaults and Envoy Gateway's

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -294,7 +295,11 @@ func loadXDS(resp *discovery.DiscoveryResponse, load func([]rls.File) (*rls.Conf
 		if err := anypb.UnmarshalTo(r, &c, proto.UnmarshalOptions{}); err != nil {
 			return nil, fmt.Errorf("resource %d: %w", i, err)
 		}
-		data, err := yaml.Marshal(yamlOf(&c))
+		y, err := yamlOf(&c)
+		if err != nil {
+			return nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		data, err := yaml.Marshal(y)
 		if err != nil {
 			return nil, fmt.Errorf("resource %d: %w", i, err)
 		}
@@ -320,6 +325,8 @@ type (
 		Descriptors    []xdsDescriptor `yaml:"descriptors,omitempty"`
 		ShadowMode     bool            `yaml:"shadow_mode,omitempty"`
 		DetailedMetric bool            `yaml:"detailed_metric,omitempty"`
+		QuotaMode      bool            `yaml:"quota_mode,omitempty"`
+		Metadata       map[string]any  `yaml:"metadata,omitempty"`
 	}
 	xdsRateLimit struct {
 		RequestsPerUnit uint32       `yaml:"requests_per_unit"`
@@ -334,15 +341,23 @@ type (
 )
 
 // yamlOf returns the file c stands for.
-func yamlOf(c *rlsconf.RateLimitConfig) xdsFile {
-	return xdsFile{Domain: c.GetDomain(), Descriptors: descriptorsOf(c.GetDescriptors())}
+func yamlOf(c *rlsconf.RateLimitConfig) (xdsFile, error) {
+	ds, err := descriptorsOf(c.GetDescriptors())
+	return xdsFile{Domain: c.GetDomain(), Descriptors: ds}, err
 }
 
-func descriptorsOf(ds []*rlsconf.RateLimitDescriptor) []xdsDescriptor {
+func descriptorsOf(ds []*rlsconf.RateLimitDescriptor) ([]xdsDescriptor, error) {
 	out := make([]xdsDescriptor, 0, len(ds))
 	for _, d := range ds {
-		y := xdsDescriptor{Key: d.GetKey(), Value: d.GetValue(), Descriptors: descriptorsOf(d.GetDescriptors()),
+		children, err := descriptorsOf(d.GetDescriptors())
+		if err != nil {
+			return nil, err
+		}
+		y := xdsDescriptor{Key: d.GetKey(), Value: d.GetValue(), Descriptors: children,
 			ShadowMode: d.GetShadowMode(), DetailedMetric: d.GetDetailedMetric()}
+		if y.QuotaMode, y.Metadata, err = newerFields(d); err != nil {
+			return nil, fmt.Errorf("descriptor %s: %w", d.GetKey(), err)
+		}
 		if p := d.GetRateLimit(); p != nil {
 			y.RateLimit = &xdsRateLimit{RequestsPerUnit: p.GetRequestsPerUnit(), Unit: p.GetUnit().String(),
 				Unlimited: p.GetUnlimited(), Name: p.GetName()}
@@ -352,5 +367,54 @@ func descriptorsOf(ds []*rlsconf.RateLimitDescriptor) []xdsDescriptor {
 		}
 		out = append(out, y)
 	}
-	return out
+	return out, nil
+}
+
+// The fields of RateLimitDescriptor that go-control-plane/ratelimit v0.1.0,
+// the newest release, has not: quota_mode = 7 and metadata = 8 (a
+// google.protobuf.Struct), as its rls_conf.proto has them since
+// envoyproxy/ratelimit PRs #1148 and #1174 (May and June 2026).
+const (
+	quotaModeField protowire.Number = 7
+	metadataField  protowire.Number = 8
+)
+
+// newerFields reads quota_mode and metadata from d's unknown fields, where
+// a message of a newer proto puts them: the last of each wins, as in
+// proto3; a field of another number is left alone.
+func newerFields(d *rlsconf.RateLimitDescriptor) (quota bool, metadata map[string]any, err error) {
+	b := d.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == quotaModeField && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return false, nil, protowire.ParseError(n)
+			}
+			quota, b = v != 0, b[n:]
+			continue
+		case num == metadataField && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return false, nil, protowire.ParseError(n)
+			}
+			var s structpb.Struct
+			if err := proto.Unmarshal(v, &s); err != nil {
+				return false, nil, fmt.Errorf("metadata: %w", err)
+			}
+			metadata, b = s.AsMap(), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return false, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return quota, metadata, nil
 }

@@ -31,8 +31,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/rls"
@@ -356,6 +358,46 @@ func TestLoadXDS(t *testing.T) {
 	empty, err := loadXDS(anyOf(), rls.LoadConfig)
 	require.NoError(t, err)
 	require.Empty(t, empty.Domains())
+}
+
+// quota_mode (7) and metadata (8), which RateLimitDescriptor of
+// go-control-plane/ratelimit v0.1.0 has not, are read from the unknown
+// fields where a newer control plane's message leaves them (the numbers of
+// rls_conf.proto at go-control-plane/ratelimit
+// v0.1.1-0.20260629194254-5581fade6089, which envoyproxy/ratelimit f2fb157
+// builds with); another unknown field is skipped. requests_per_unit 0 over
+// xDS is a rule that always denies (Envoy Gateway #9333).
+func TestLoadXDSNewerFields(t *testing.T) {
+	md, err := proto.Marshal(&structpb.Struct{Fields: map[string]*structpb.Value{
+		"backend": structpb.NewStringValue("b"), "route": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"w": structpb.NewNumberValue(2)}})}})
+	require.NoError(t, err)
+	var unknown []byte
+	unknown = protowire.AppendTag(unknown, 99, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, []byte("a field of the future"))
+	unknown = protowire.AppendTag(unknown, 7, protowire.VarintType)
+	unknown = protowire.AppendVarint(unknown, 1)
+	unknown = protowire.AppendTag(unknown, 8, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, md)
+	tokens := &rlsconf.RateLimitDescriptor{Key: "tokens", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 5}}
+	tokens.ProtoReflect().SetUnknown(unknown)
+	c := &rlsconf.RateLimitConfig{Name: "ai", Domain: "ai", Descriptors: []*rlsconf.RateLimitDescriptor{tokens,
+		{Key: "blocked", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_SECOND}}}}
+	a, err := anypb.New(c) // marshals the unknown fields with the rest, as a newer control plane's bytes
+	require.NoError(t, err)
+	cfg, err := loadXDS(&discovery.DiscoveryResponse{TypeUrl: configTypeURL, Resources: []*anypb.Any{a}}, rls.LoadConfig)
+	require.NoError(t, err)
+	r := cfg.Match("ai", desc("tokens", "t")).Rule
+	require.True(t, r.QuotaMode)
+	require.Equal(t, map[string]any{"backend": "b", "route": map[string]any{"w": 2.0}}, r.Metadata.AsMap())
+	blocked := cfg.Match("ai", desc("blocked", "x")).Rule
+	require.Zero(t, blocked.Limit.Rate, "a rule of 0: denies without asking Redis")
+	require.False(t, blocked.Unlimited)
+
+	tokens.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 8, protowire.BytesType), []byte{0x0a, 0x05, 'a'})) // no Struct
+	a, err = anypb.New(c)
+	require.NoError(t, err)
+	_, err = loadXDS(&discovery.DiscoveryResponse{TypeUrl: configTypeURL, Resources: []*anypb.Any{a}}, rls.LoadConfig)
+	require.ErrorContains(t, err, "descriptor tokens: metadata")
 }
 
 // The configuration Envoy Gateway's translator pushes, and the requests its
