@@ -65,6 +65,7 @@ type options struct {
 	limitH, remainingH, resetH string
 	metrics                    *Metrics
 	nearRatio                  float64
+	cutover                    *cutover // WithReferenceCutover
 }
 
 // WithShadowMode answers OK to every request, whatever its descriptors'
@@ -172,6 +173,11 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	if err := s.giveBack(ctx, ds); err != nil {
 		return nil, err
 	}
+	// cutover from the reference (cutover.go): its counters too decide
+	refOver, err := s.count(ctx, req, ds)
+	if err != nil {
+		return nil, err
+	}
 	results, err := s.allow(ctx, quotas)
 	if err != nil {
 		return nil, err
@@ -181,6 +187,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	var degraded *Rule // the first descriptor the failure policy decided
 	for i, d := range ds {
 		st := s.status(d, quotas, results)
+		refOver.apply(i, d, st) // cutover.go
 		resp.Statuses[i] = st
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
