@@ -15,6 +15,8 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/slidingwindow/ratelimit"
 )
 
 // A CutoverOption configures WithReferenceCutover.
@@ -50,16 +52,19 @@ func CutoverClock(now func() time.Time) CutoverOption {
 // an INCRBY and an EXPIRE per descriptor, one more round trip per request.
 // A descriptor is OVER_LIMIT when the reference's counter after the
 // increment is over its requests_per_unit, or when this service's own
-// window says so; its limit_remaining is this service's, 0 when the
-// reference's counter is over, and its duration_until_reset this
-// service's, at least the end of the reference's window when that counter
-// is over. Descriptors of no limit, unlimited, of a rule of 0, or of
-// is_negative_hits (which the reference does not read, and counts as
-// hits) are not counted there, nor are rules the reference cannot express
-// (a window or a calendar). When Redis fails, the request is UNAVAILABLE
-// as when the Limiter fails; under WithFailurePolicy the reference's
-// counters are left out and the Limiter's failure policy decides.
-// docs/envoy.md, "Cutover from the reference", says how to use it.
+// window says so. A request over a reference's counter is counted in none
+// of this service's windows (the Limiter only looks), as a request over
+// any of their own limits is not. A descriptor's limit_remaining is this
+// service's, 0 when the reference's counter is over, and its
+// duration_until_reset this service's, at least to the end of the
+// reference's window when that counter is over. Descriptors of no limit,
+// unlimited, of a rule of 0, or of is_negative_hits (which the reference
+// does not read, and counts as hits) are not counted there, nor are rules
+// the reference cannot express (a window or a calendar). When Redis
+// fails, the request is UNAVAILABLE as when the Limiter fails; under
+// WithFailurePolicy the reference's counters are left out and the
+// Limiter's failure policy decides. docs/envoy.md, "Cutover from the
+// reference", says how to use it and end it.
 func WithReferenceCutover(client redis.UniversalClient, prefix string, opts ...CutoverOption) Option {
 	c := &cutover{client: client, prefix: prefix, jitter: 300, timeout: 100 * time.Millisecond, now: time.Now}
 	for _, o := range opts {
@@ -140,10 +145,12 @@ func (c *cutover) referenceKey(domain string, m *Match, entries []*rlv3.RateLimi
 }
 
 // count adds the hits of req's counted descriptors to the reference's
-// counters, in one pipeline, and returns which are over. It returns nil
-// when s has no cutover, or when Redis failed and the failure policy
-// decides; else a status error when Redis failed.
-func (s *Server) count(ctx context.Context, req *pb.RateLimitRequest, ds []descriptor) (refOver, error) {
+// counters, in one pipeline, and returns which are over; when one of a
+// rule not in shadow mode is, it sets the cost of quotas, what the
+// Limiter is to decide, to 0. It returns nil when s has no cutover, or
+// when Redis failed and the failure policy decides; else a status error
+// when Redis failed.
+func (s *Server) count(ctx context.Context, req *pb.RateLimitRequest, ds []descriptor, quotas []ratelimit.Quota) (refOver, error) {
 	c := s.opts.cutover
 	if c == nil {
 		return nil, nil
@@ -192,9 +199,20 @@ func (s *Server) count(ctx context.Context, req *pb.RateLimitRequest, ds []descr
 		return nil, statusOf(ctx, err)
 	}
 	over := make(refOver, len(ds))
+	refused := false
 	for _, k := range counters {
 		if k.incr.Val() > k.limit {
 			over[k.i] = max(k.ends, time.Nanosecond)
+			refused = refused || !ds[k.i].match.Rule.Shadow
+		}
+	}
+	if refused {
+		// the request is over: the Limiter looks and counts nothing, as
+		// for a request over any of its own limits, or its windows would
+		// count what the reference's counters refused and, read as the
+		// previous window, refuse what they would admit
+		for q := range quotas {
+			quotas[q].Cost = 0
 		}
 	}
 	return over, nil

@@ -139,6 +139,10 @@ func TestCutoverOr(t *testing.T) {
 		require.GreaterOrEqual(t, st.DurationUntilReset.AsDuration(), 30*time.Second, "at least until the reference's window ends")
 		got, _ := f.mr.Get(refKey)
 		require.Equal(t, "3", got, "counted as the reference counts, over too")
+		f.mr.Set(refKey, "0")
+		r = f.ask(t, 0, desc("user", "ann"))
+		require.Equal(t, pb.RateLimitResponse_OK, r.OverallCode)
+		require.Equal(t, uint32(1), r.Statuses[0].LimitRemaining, "the refused request was not counted in ours")
 	})
 	t.Run("without the cutover, the same counter changes nothing", func(t *testing.T) {
 		f := newFixture(t)

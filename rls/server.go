@@ -174,7 +174,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		return nil, err
 	}
 	// cutover from the reference (cutover.go): its counters too decide
-	refOver, err := s.count(ctx, req, ds)
+	refOver, err := s.count(ctx, req, ds, quotas)
 	if err != nil {
 		return nil, err
 	}
