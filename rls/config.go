@@ -566,6 +566,9 @@ type Match struct {
 	// MetricKey is the rule's Key, or with detailed_metric or
 	// value_to_metric, the key with the request's values.
 	MetricKey string
+	// share is, by entry, the share_threshold wildcard an entry's value
+	// counts under ("" for its own value); nil when there is none.
+	share []string
 }
 
 // Domains returns the names of c's domains, sorted.
@@ -668,7 +671,7 @@ func (c *Config) Match(domain string, d *rlv3.RateLimitDescriptor) *Match {
 	if rule == nil {
 		return nil
 	}
-	m := &Match{Rule: rule, ID: idOf(domain, entries, share), MetricKey: rule.Key}
+	m := &Match{Rule: rule, ID: idOf(domain, entries, share), MetricKey: rule.Key, share: share}
 	switch {
 	case rule.DetailedMetric && share != nil:
 		var b strings.Builder

@@ -66,6 +66,7 @@ type options struct {
 	limitH, remainingH, resetH string
 	metrics                    *Metrics
 	nearRatio                  float64
+	cutover                    *cutover // WithReferenceCutover
 }
 
 // WithShadowMode answers OK to every request, whatever its descriptors'
@@ -186,6 +187,11 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	if err := s.giveBack(ctx, ds); err != nil {
 		return nil, err
 	}
+	// cutover from the reference (cutover.go): its counters too decide
+	refOver, err := s.count(ctx, req, ds, quotas)
+	if err != nil {
+		return nil, err
+	}
 	results, err := s.allow(ctx, quotas)
 	if err != nil {
 		return nil, err
@@ -197,6 +203,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	overRules, quotaRules, overQuotaRules := 0, 0, 0
 	for i, d := range ds {
 		st := s.status(d, quotas, results)
+		refOver.apply(i, d, st) // cutover.go
 		resp.Statuses[i] = st
 		if d.match == nil || !d.match.Rule.Unlimited {
 			// the reference's rule (src/service/ratelimit.go, near line 252):

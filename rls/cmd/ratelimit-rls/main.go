@@ -195,6 +195,12 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	if metrics != nil {
 		serverOpts = append(serverOpts, rls.WithMetrics(metrics))
 	}
+	if s.cutover {
+		// the reference's counters, under its own CACHE_KEY_PREFIX (docs/envoy.md, "Cutover from the reference")
+		serverOpts = append(serverOpts, rls.WithReferenceCutover(client, s.cacheKeyPrefix,
+			rls.CutoverJitter(s.jitter), rls.CutoverTimeout(s.timeout)))
+		log.Info("ratelimit-rls: REFERENCE_CUTOVER: deciding by the reference's counters too", "prefix", s.cacheKeyPrefix)
+	}
 	server := rls.NewServer(limiter, nil, serverOpts...)
 	// the gRPC server's TLS before the first configuration, so that a
 	// setting in error is said at once

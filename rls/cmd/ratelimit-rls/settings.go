@@ -60,6 +60,8 @@ type settings struct {
 	forceStart              bool          // FORCE_START_WITHOUT_INITIAL_CONFIG
 	healthyWithConfig       bool          // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
 	mergeDomains            bool          // MERGE_DOMAIN_CONFIG
+	cutover                 bool          // ours: REFERENCE_CUTOVER
+	jitter                  time.Duration // EXPIRATION_JITTER_MAX_SECONDS: of the reference's counters, in cutover
 	xds                     xdsSettings
 	notHonoured             []string // the reference's variables set here that this service ignores
 }
@@ -70,7 +72,7 @@ type settings struct {
 var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE USE_DOG_STATSD
 USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL
 DISABLE_STATS PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
-EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE
+LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE
 REDIS_PIPELINE_WINDOW
 REDIS_PIPELINE_LIMIT REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE
 REDIS_PERSECOND_TYPE REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH
@@ -181,6 +183,8 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		forceStart:             flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false),
 		healthyWithConfig:      flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false),
 		mergeDomains:           flag("MERGE_DOMAIN_CONFIG", false),
+		cutover:                flag("REFERENCE_CUTOVER", false),
+		jitter:                 time.Duration(num("EXPIRATION_JITTER_MAX_SECONDS", 300)) * time.Second,
 		xds: xdsSettings{
 			url: str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"), nodeID: str("CONFIG_GRPC_XDS_NODE_ID", "default"),
 			nodeMetadata:   pairs(str("CONFIG_GRPC_XDS_NODE_METADATA", ""), "="),
@@ -261,6 +265,9 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 		if on, err := strconv.ParseBool(v); ok && v != "" && !(followedWhenFalse[name] && err == nil && !on) {
 			s.notHonoured = append(s.notHonoured, name)
 		}
+	}
+	if v, ok := env("EXPIRATION_JITTER_MAX_SECONDS"); ok && v != "" && !s.cutover {
+		s.notHonoured = append(s.notHonoured, "EXPIRATION_JITTER_MAX_SECONDS") // it spreads the expiry of the reference's counters only
 	}
 	slices.Sort(s.notHonoured)
 	if len(errs) > 0 {

@@ -106,3 +106,25 @@ func TestXDSSettings(t *testing.T) {
 	require.Equal(t, "/certs/ca.crt", s.grpcClientCA, "Envoy Gateway's GRPC_SERVER_TLS_CA_CERT verifies clients")
 	require.Empty(t, s.notHonoured)
 }
+
+// REFERENCE_CUTOVER, and the jitter of the reference's counters it writes.
+func TestCutoverSettings(t *testing.T) {
+	s, err := readSettings(env())
+	require.NoError(t, err)
+	require.False(t, s.cutover)
+	require.Equal(t, 300*time.Second, s.jitter, "the reference's default")
+
+	s, err = readSettings(env("REFERENCE_CUTOVER=true", "EXPIRATION_JITTER_MAX_SECONDS=10", "CACHE_KEY_PREFIX=rl:"))
+	require.NoError(t, err)
+	require.True(t, s.cutover)
+	require.Equal(t, 10*time.Second, s.jitter)
+	require.Equal(t, "rl:", s.cacheKeyPrefix)
+	require.Empty(t, s.notHonoured)
+
+	s, err = readSettings(env("EXPIRATION_JITTER_MAX_SECONDS=10"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"EXPIRATION_JITTER_MAX_SECONDS"}, s.notHonoured, "it applies to the reference's counters only")
+
+	_, err = readSettings(env("REFERENCE_CUTOVER=soon"))
+	require.ErrorContains(t, err, "REFERENCE_CUTOVER")
+}
