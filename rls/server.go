@@ -215,7 +215,7 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 				overQuotaRules++
 			case over:
 				overRules++
-			default:
+			case s.opts.dynamicMetadata:
 				passed = append(passed, i)
 			}
 			if quota {

@@ -9,6 +9,7 @@ package testredis
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -42,14 +43,25 @@ func Program(t testing.TB) (server, cli string) {
 }
 
 // FreePort returns a loopback port nothing listens on now.
+//
+// It picks below Linux's ephemeral range (32768 and up), where the kernel
+// also takes the source ports of outgoing connections: a port freed there
+// was seen taken by a connection before the process it was meant for
+// could bind it, with many tests at once (the reference then exits with
+// "address already in use"). Here only another FreePort can take it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port between 20000 and 32000")
+	return 0
 }
 
 // Server is a server this package started.
