@@ -7,9 +7,11 @@ import (
 	"math"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit"
@@ -23,15 +25,19 @@ import (
 // reference cleans stat names), in hits;
 // ratelimit_service_response_time_seconds; ratelimit_service_should_rate_limit_error
 // by err_type (the gRPC code); ratelimit_service_global_shadow_mode; and
-// ratelimit_service_config_load_{success,error}.
+// ratelimit_service_config_load_{success,error}. With SetStatsd, they are
+// counted for a statsd server too, under the reference's statsd names.
 type Metrics struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
 	responseTime                                             prometheus.Histogram
 	errors                                                   *prometheus.CounterVec
 	globalShadow, loadSuccess, loadError                     prometheus.Counter
+	prometheus                                               bool // registered: the rules' counters are kept
+	statsd                                                   *Statsd
 }
 
-// NewMetrics returns Metrics registered with reg.
+// NewMetrics returns Metrics registered with reg; with reg nil, Metrics
+// for SetStatsd alone.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	rule := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_rate_limit_" + name, Help: help}, []string{"domain", "key1", "key2"})
@@ -50,6 +56,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Requests over a limit that SHADOW_MODE answered OK."}),
 		loadSuccess: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_success", Help: "Configurations loaded."}),
 		loadError:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_error", Help: "Configurations that failed to load."}),
+		prometheus:  reg != nil,
+	}
+	if reg == nil {
+		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
 		m.responseTime, m.errors, m.globalShadow, m.loadSuccess, m.loadError} {
@@ -60,6 +70,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// SetStatsd has m count into s too. It is called before m is used.
+func (m *Metrics) SetStatsd(s *Statsd) {
+	m.statsd = s
+	m.globalShadow = alsoCount{m.globalShadow, &s.globalShadow}
+}
+
+// alsoCount is a Prometheus counter whose Inc also counts in a statsd one.
+type alsoCount struct {
+	prometheus.Counter
+	statsd *atomic.Uint64
+}
+
+func (c alsoCount) Inc() { c.Counter.Inc(); c.statsd.Add(1) }
+
 // ConfigLoaded counts a load of the configuration that failed with err, or
 // succeeded.
 func (m *Metrics) ConfigLoaded(err error) {
@@ -67,6 +91,11 @@ func (m *Metrics) ConfigLoaded(err error) {
 		m.loadError.Inc()
 	} else {
 		m.loadSuccess.Inc()
+	}
+	if s := m.statsd; s != nil && err != nil {
+		s.loadError.Add(1)
+	} else if s != nil {
+		s.loadSuccess.Add(1)
 	}
 }
 
@@ -76,6 +105,17 @@ func (m *Metrics) call(d time.Duration, err error) {
 	if err != nil {
 		m.errors.WithLabelValues(status.Code(err).String()).Inc()
 	}
+	if s := m.statsd; s != nil {
+		s.call(d, err != nil, err != nil && !serviceError(err))
+	}
+}
+
+// serviceError reports whether err is what the reference counts as a
+// service_error, not a redis_error: a request it refuses, or no
+// configuration loaded.
+func serviceError(err error) bool {
+	st := status.Convert(err)
+	return st.Code() == codes.InvalidArgument || st.Code() == codes.Unavailable && strings.HasSuffix(st.Message(), "no rate limit configuration loaded")
 }
 
 // hits counts d's hits as the reference does: within or over the limit,
@@ -86,9 +126,13 @@ func (m *Metrics) hits(domain string, d descriptor, quotas []ratelimit.Quota, re
 	if r.Unlimited {
 		return
 	}
-	labels := metricLabels(domain, d.match.MetricKey)
+	// counts by statTotal..statShadow; set: counted, if only 0, as the
+	// Prometheus series it makes
+	var counts [len(ruleStatNames)]float64
+	var set [len(ruleStatNames)]bool
+	count := func(stat int, n float64) { counts[stat], set[stat] = n, true }
 	h := float64(d.hits)
-	m.totalHits.WithLabelValues(labels...).Add(h)
+	count(statTotal, h)
 	limit := float64(r.RequestsPerUnit)
 	near := math.Floor(float64(float32(limit) * float32(ratio))) // in float32, as the reference
 	var before, after float64
@@ -105,21 +149,33 @@ func (m *Metrics) hits(domain string, d descriptor, quotas []ratelimit.Quota, re
 		}
 		after = before + h
 	}
-	if !overLimit {
-		m.withinLimit.WithLabelValues(labels...).Add(h)
+	switch {
+	case !overLimit:
+		count(statWithin, h)
 		if after > near {
-			m.nearLimit.WithLabelValues(labels...).Add(min(h, after-max(near, before)))
+			count(statNear, min(h, after-max(near, before)))
 		}
-		return
+	default:
+		overBy := h
+		if before < limit {
+			overBy = after - limit
+			count(statNear, limit-max(near, before))
+		}
+		count(statOver, overBy)
+		if r.Shadow {
+			count(statShadow, overBy)
+		}
 	}
-	overBy := h
-	if before < limit {
-		overBy = after - limit
-		m.nearLimit.WithLabelValues(labels...).Add(limit - max(near, before))
+	if m.prometheus {
+		labels := metricLabels(domain, d.match.MetricKey)
+		for i, c := range [...]*prometheus.CounterVec{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode} {
+			if set[i] {
+				c.WithLabelValues(labels...).Add(counts[i])
+			}
+		}
 	}
-	m.overLimit.WithLabelValues(labels...).Add(overBy)
-	if r.Shadow {
-		m.shadowMode.WithLabelValues(labels...).Add(overBy)
+	if s := m.statsd; s != nil {
+		s.rule(d.match.MetricKey, &counts, &set)
 	}
 }
 

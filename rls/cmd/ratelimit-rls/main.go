@@ -173,6 +173,16 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 		}
 		limiterOpts = append(limiterOpts, ratelimit.WithObserver(observer))
 	}
+	if s.statsd.enabled { // beside Prometheus, or alone
+		if metrics == nil {
+			if metrics, err = rls.NewMetrics(nil); err != nil {
+				return err
+			}
+		}
+		st := rls.NewStatsd(s.statsd.tags)
+		metrics.SetStatsd(st)
+		defer startStatsd(s.statsd, st, log)() // the last flush once no call runs
+	}
 	limiter := ratelimit.New(client, limiterOpts...)
 	if observer != nil {
 		reg, err := observer.ObserveLimiter(limiter)
@@ -211,6 +221,14 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 			return err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(creds))
+	}
+	var traces *tracing // nil: no interceptor, nothing a call
+	if s.tracing.enabled {
+		if traces, err = newTracing(ctx, s.tracing, log); err != nil {
+			return err
+		}
+		defer traces.shutdown(log) // the last spans once no call runs
+		grpcOpts = append(grpcOpts, grpc.UnaryInterceptor(traces.intercept))
 	}
 	healthSrv := health.NewServer()
 	healthy := &healthCheck{grpc: healthSrv}
@@ -269,7 +287,7 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthcheck", healthy)
-	mux.HandleFunc("POST /json", jsonHandler(server))
+	mux.HandleFunc("POST /json", jsonHandler(traces.wrap(server.ShouldRateLimit)))
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	servers := []func() error{
 		func() error { return g.Serve(grpcLn) },
@@ -569,10 +587,11 @@ func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 }
 
 // jsonHandler answers POST /json: a RateLimitRequest as protobuf JSON, and
-// its RateLimitResponse, 429 when over the limit, as the reference's. A
+// its RateLimitResponse as decide answers it (the Server's ShouldRateLimit,
+// traced or not), 429 when over the limit, as the reference's. A
 // request it cannot read or that is invalid is 400; one Redis could not
 // decide is 503 (the reference answers 400 for both).
-func jsonHandler(s *rls.Server) http.HandlerFunc {
+func jsonHandler(decide func(context.Context, *pb.RateLimitRequest) (*pb.RateLimitResponse, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		var req pb.RateLimitRequest
@@ -583,7 +602,7 @@ func jsonHandler(s *rls.Server) http.HandlerFunc {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		resp, err := s.ShouldRateLimit(r.Context(), &req)
+		resp, err := decide(r.Context(), &req)
 		if err != nil {
 			code := http.StatusServiceUnavailable
 			if status.Code(err) == codes.InvalidArgument {

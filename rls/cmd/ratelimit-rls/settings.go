@@ -64,13 +64,16 @@ type settings struct {
 	jitter                  time.Duration // EXPIRATION_JITTER_MAX_SECONDS: of the reference's counters, in cutover
 	xds                     xdsSettings
 	notHonoured             []string // the reference's variables set here that this service ignores
+
+	tracing tracingSettings // TRACING_*: see tracing.go
+	statsd  statsdSettings  // USE_STATSD and the rest: see statsd.go
 }
 
 // reference lists the variables of the reference's settings.go that this
 // service does not read: one of them set is named at start-up. It reads
 // the others (see readSettings and docs/envoy.md).
 var reference = strings.Fields(`DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE USE_DOG_STATSD
-USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL
+USE_DOG_STATSD_MOGRIFIERS
 DISABLE_STATS PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
 LOCAL_CACHE_SIZE_IN_BYTES BACKEND_TYPE
 REDIS_PIPELINE_WINDOW
@@ -83,15 +86,12 @@ REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMP
 REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME
 MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS
 MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT
-MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION
-TRACING_ENABLED TRACING_SERVICE_NAME TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID
-TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE`)
+MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`)
 
 // followedWhenFalse are the reference's switches that this service
-// follows when they are false: it sends no statsd and no traces, and
-// reads one Redis.
-var followedWhenFalse = map[string]bool{"USE_STATSD": true, "USE_DOG_STATSD": true, "TRACING_ENABLED": true,
-	"REDIS_PERSECOND": true}
+// follows when they are false: it sends no DogStatsD and reads one Redis.
+// (USE_STATSD and TRACING_ENABLED it reads.)
+var followedWhenFalse = map[string]bool{"USE_DOG_STATSD": true, "REDIS_PERSECOND": true}
 
 // pairs reads a list such as "a=1,b=2" (sep "="), as the reference reads
 // its node metadata and its extra headers: an entry without sep is
@@ -208,6 +208,27 @@ func readSettings(env func(string) (string, bool)) (*settings, error) {
 			errs = append(errs, fmt.Sprintf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q is not a number of 0 or more", v))
 		}
 		s.xds.backoffFactor = r
+	}
+	// tracing and statsd: the reference's defaults, but for USE_STATSD
+	// (docs/envoy.md says why)
+	s.tracing = tracingSettings{enabled: flag("TRACING_ENABLED", false), serviceName: str("TRACING_SERVICE_NAME", "RateLimit"),
+		namespace: str("TRACING_SERVICE_NAMESPACE", ""), instanceID: str("TRACING_SERVICE_INSTANCE_ID", ""),
+		protocol: strings.ToLower(str("TRACING_EXPORTER_PROTOCOL", "http")), samplingRate: 1}
+	if v, ok := env("TRACING_SAMPLING_RATE"); ok && v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(r) {
+			errs = append(errs, fmt.Sprintf("TRACING_SAMPLING_RATE=%q is not a number", v))
+		}
+		s.tracing.samplingRate = r
+	}
+	if p := s.tracing.protocol; p != "http" && p != "grpc" && p != "" {
+		errs = append(errs, fmt.Sprintf("TRACING_EXPORTER_PROTOCOL=%q is not http or grpc", p))
+	}
+	s.statsd = statsdSettings{enabled: flag("USE_STATSD", false), host: str("STATSD_HOST", "localhost"),
+		port: num("STATSD_PORT", 8125), network: strings.ToLower(str("STATSD_PROTOCOL", "tcp")),
+		tags: pairs(str("EXTRA_TAGS", ""), ":"), flushEvery: dur("STATS_FLUSH_INTERVAL", 10*time.Second)}
+	if n := s.statsd.network; n != "tcp" && n != "udp" {
+		errs = append(errs, fmt.Sprintf("STATSD_PROTOCOL=%q is not tcp or udp", n))
 	}
 	switch s.configType {
 	case "FILE", "GRPC_XDS_SOTW":
