@@ -5,8 +5,9 @@
 //	go install github.com/slidingwindow/ratelimit/rls/cmd/ratelimit-rls@latest
 //	REDIS_SOCKET_TYPE=tcp REDIS_URL=localhost:6379 RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit ratelimit-rls
 //
-// It serves envoy.service.ratelimit.v3.RateLimitService on GRPC_HOST:GRPC_PORT
-// (0.0.0.0:8081), GET /healthcheck and POST /json on HOST:PORT
+// It serves envoy.service.ratelimit.v3.RateLimitService and
+// envoy.service.rate_limit_quota.v3.RateLimitQuotaService on
+// GRPC_HOST:GRPC_PORT (0.0.0.0:8081), GET /healthcheck and POST /json on HOST:PORT
 // (0.0.0.0:8080), and with USE_PROMETHEUS=true the metrics on
 // PROMETHEUS_ADDR PROMETHEUS_PATH (:9090 /metrics). The configuration files
 // are RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY/*.yaml, read
@@ -118,6 +119,10 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	if err != nil {
 		return err
 	}
+	quotaOpts, err := quotaOptions(env)
+	if err != nil {
+		return err
+	}
 	log := newLogger(s, w)
 	if len(s.notHonoured) > 0 {
 		log.Warn("ratelimit-rls: these settings of envoyproxy/ratelimit are set and not honoured: " + strings.Join(s.notHonoured, " "))
@@ -212,6 +217,17 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 		log.Info("ratelimit-rls: REFERENCE_CUTOVER: deciding by the reference's counters too", "prefix", s.cacheKeyPrefix)
 	}
 	server := rls.NewServer(limiter, nil, serverOpts...)
+	if registry != nil {
+		qm, err := rls.NewQuotaMetrics(registry)
+		if err != nil {
+			return err
+		}
+		quotaOpts = append(quotaOpts, rls.WithQuotaMetrics(qm))
+	}
+	quota, err := rls.NewQuotaServer(limiter, server.Config, quotaOpts...)
+	if err != nil {
+		return err
+	}
 	// the gRPC server's TLS before the first configuration, so that a
 	// setting in error is said at once
 	grpcOpts := []grpc.ServerOption{}
@@ -274,6 +290,7 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	// bench/envoy (grpc-go marks the option experimental)
 	g := grpc.NewServer(append(grpcOpts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))...)
 	server.Register(g)
+	quota.Register(g)
 	healthpb.RegisterHealthServer(g, healthSrv)
 	reflection.Register(g) // grpcurl and the like without a protoset
 	grpcLn, err := net.Listen("tcp", net.JoinHostPort(s.grpcHost, strconv.Itoa(s.grpcPort)))
@@ -340,6 +357,12 @@ func run(ctx context.Context, env func(string) (string, bool), w io.Writer) erro
 	healthSrv.Shutdown()
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// the quota streams first: their Envoys go to their fallback and the
+	// tokens they cannot have spent are given back; GracefulStop would
+	// wait for the streams
+	if err := quota.Shutdown(shutdown); err != nil {
+		log.Warn("ratelimit-rls: ending the quota streams", "error", err)
+	}
 	_ = httpSrv.Shutdown(shutdown)
 	if promSrv != nil {
 		_ = promSrv.Shutdown(shutdown)

@@ -1,0 +1,179 @@
+// What an Envoy may spend under the quota assignments of one bucket,
+// counted in Redis before it may, and given back when its reports show it
+// unused: the arithmetic of the quota service's bound (docs/envoy.md,
+// "Quota service (RLQS)").
+
+package rls
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/slidingwindow/ratelimit"
+)
+
+// delivery bounds how long a message takes between Envoy and the service,
+// either way: an assignment sent at t reaches Envoy by t+delivery, and a
+// report received at t was made after t-delivery. The bound assumes it.
+const delivery = time.Second
+
+// shape is a token bucket sent to Envoy: it holds up to max tokens, full
+// when Envoy creates it, and gains fill tokens every fill interval.
+type shape struct{ max, fill int64 }
+
+// term is one token bucket Envoy may hold: from the assignment that made
+// it (or that found the previous one expired) until the last of the
+// assignments that renewed it expires, or another replaced it.
+type term struct {
+	shape shape
+	start time.Time // sent: Envoy's bucket is no older
+	// expires is when Envoy's own timer may end it at the earliest (the
+	// last send + its TTL): a renewal sent before it reaches Envoy in time
+	expires time.Time
+	end     time.Time // the last moment Envoy may spend from it
+}
+
+// spendable returns the most Envoy may spend from e after from, with
+// tokens refilled every fill: a full bucket and every fill to its end,
+// counted whole.
+func (e *term) spendable(from time.Time, fill time.Duration) int64 {
+	from = later(from, e.start)
+	if !e.end.After(from) {
+		return 0
+	}
+	return satAdd(e.shape.max, satMul(e.shape.fill, fills(e.end.Sub(from), fill)))
+}
+
+// fills returns how many fills of length fill d spans, rounded up.
+func fills(d, fill time.Duration) int64 {
+	return int64((d + fill - 1) / fill)
+}
+
+// grant is one count in Redis for a bucket, and what of it may still be
+// given back.
+type grant struct {
+	res  ratelimit.Result
+	left int64
+}
+
+// ledger is a bucket's account in one unit of its limit (a window, a
+// strict limit's sub-window, a calendar period): what was counted, what
+// reports showed spent, and the token buckets it pays for. Every
+// assignment counted in a unit ends by that unit's end, so no token
+// counted in one unit is spent in another.
+type ledger struct {
+	unitEnd    time.Time
+	grants     []grant
+	counted    int64 // what the grants hold, net of what was given back
+	attributed int64 // what reports showed spent, at most counted
+	terms      []term
+}
+
+// live returns the term Envoy may still be spending from, or nil.
+func (l *ledger) live() *term {
+	if len(l.terms) == 0 {
+		return nil
+	}
+	return &l.terms[len(l.terms)-1]
+}
+
+// spent attributes n reported spent to the unit. Envoy reports what it
+// spent across units in one sum; a unit takes all of it it can, which
+// only holds back a give-back of its own, and an earlier unit's leftover
+// was settled when its last report came, so nothing is given back twice.
+func (l *ledger) spent(n int64) {
+	l.attributed = min(satAdd(l.attributed, n), l.counted)
+}
+
+// owed returns what Envoy may still spend of the unit's tokens after a
+// report made at from or later, at most what is counted and not spent.
+func (l *ledger) owed(from time.Time, fill time.Duration) int64 {
+	var n int64
+	for i := range l.terms {
+		n = satAdd(n, l.terms[i].spendable(from, fill))
+	}
+	return min(n, l.counted-l.attributed)
+}
+
+// forget drops the terms that can spend nothing after from.
+func (l *ledger) forget(from time.Time) {
+	kept := l.terms[:0]
+	for _, e := range l.terms {
+		if e.end.After(from) {
+			kept = append(kept, e)
+		}
+	}
+	l.terms = kept
+}
+
+// unused returns what the unit may give back after a report made at from
+// or later: what is counted, neither spent nor still spendable.
+func (l *ledger) unused(from time.Time, fill time.Duration) int64 {
+	return l.counted - l.attributed - l.owed(from, fill)
+}
+
+// giveBack refunds n of the unit's grants, newest first, each to the
+// window it was counted in. A refund that fails may have landed, so it is
+// never sent again: it is taken off all the same, which can only leave
+// the count higher than the spending.
+func (l *ledger) giveBack(ctx context.Context, lim *ratelimit.Limiter, id string, n int64) (given int64, err error) {
+	for i := len(l.grants) - 1; i >= 0 && n > 0; i-- {
+		g := &l.grants[i]
+		k := min(g.left, n)
+		if k == 0 {
+			continue
+		}
+		if e := lim.Refund(ctx, id, []ratelimit.Result{g.res}, k); e != nil && err == nil {
+			err = e
+		}
+		g.left -= k
+		n -= k
+		given += k
+	}
+	l.counted -= given
+	l.attributed = min(l.attributed, l.counted)
+	return given, err
+}
+
+// quotaUnit returns when the unit of limit that now falls in ends: the
+// window's, a strict limit's sub-window's (ratelimit.StrictSubWindows to a
+// window), or a calendar period's; and the length its Rate is spread
+// over (the window, or the period).
+func quotaUnit(limit ratelimit.Limit, now time.Time) (end time.Time, span time.Duration) {
+	if limit.Calendar != 0 {
+		start, end := limit.Calendar.Bounds(now, limit.Location)
+		return end, end.Sub(start)
+	}
+	w := limit.Window.Milliseconds()
+	if limit.Strict {
+		w /= ratelimit.StrictSubWindows
+	}
+	t := now.UnixMilli()
+	i := t / w
+	if t%w < 0 {
+		i--
+	}
+	return time.UnixMilli((i + 1) * w), limit.Window
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
+}
