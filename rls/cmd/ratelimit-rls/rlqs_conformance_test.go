@@ -518,16 +518,7 @@ func runAgainstFake(t *testing.T, fault fakeFault) (*harnessRun, []verdict) {
 	t.Cleanup(func() { _ = limiter.Close(context.Background()) })
 	cfg, match := rlqsMatch(t, rlqsConfig(selfCheckRate, false))
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	rlqspb.RegisterRateLimitQuotaServiceServer(g, &fakeRLQS{now: clock.now, limiter: limiter, cfg: cfg, fault: fault})
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	client := rlqspb.NewRateLimitQuotaServiceClient(conn)
+	client := fakeClient(t, &fakeRLQS{now: clock.now, limiter: limiter, cfg: cfg, fault: fault})
 
 	var envoys []*emulatedEnvoy
 	for i, rate := range []float64{10, 10, 3} {
@@ -598,6 +589,57 @@ func TestHarnessSelfCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The harness's real-clock plumbing (runLive, as the TestRLQS tests run
+// it) against the right fake, in-process on the real clock for 5 s: the
+// Envoys admit, the count is sampled, and the bound holds. The other
+// checks are logged: on the real clock the fake's TTL ends a transit time
+// before an Envoy's, which its give-back at that moment does not allow
+// for.
+func TestHarnessLive(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rc := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	limiter := ratelimit.New(rc, ratelimit.WithPrefix(rlqsPrefix), ratelimit.WithTimeout(time.Minute))
+	t.Cleanup(func() { _ = limiter.Close(context.Background()) })
+	cfg, match := rlqsMatch(t, rlqsConfig(selfCheckRate, true))
+	client := fakeClient(t, &fakeRLQS{now: time.Now, limiter: limiter, cfg: cfg})
+	var envoys []*emulatedEnvoy
+	for i, rate := range []float64{10, 10, 3} {
+		e := newEnvoy(t, fmt.Sprintf("envoy-%d", i), client, rlqsDomain, time.Second, time.Now)
+		e.setDemand(acme, rate)
+		envoys = append(envoys, e)
+	}
+	run := newHarnessRun(match.Rule.Limit, time.Second, func(ctx context.Context) (int64, error) {
+		res, err := limiter.Peek(ctx, match.ID, match.Rule.Limit)
+		return res.Count, err
+	}, envoys...)
+	_, until := runLive(t, run)
+	until(5 * time.Second)
+	vs := append(finish(t, run, time.Time{}), enough(run, selfCheckRate/2))
+	run.logTable(t, vs)
+	for _, v := range vs {
+		if v.name != "counted first" {
+			require.True(t, v.ok, "%s: %s; measured %s", v.name, v.condition, v.measured)
+		}
+	}
+}
+
+// fakeClient serves fake on a loopback port until t ends and returns a
+// client of it.
+func fakeClient(t *testing.T, fake *fakeRLQS) rlqspb.RateLimitQuotaServiceClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	rlqspb.RegisterRateLimitQuotaServiceServer(g, fake)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return rlqspb.NewRateLimitQuotaServiceClient(conn)
 }
 
 // The emulated Envoy applies assignments as Envoy does, quirks included.
@@ -794,12 +836,19 @@ func firstReport(domain string, buckets ...map[string]string) *rlqspb.RateLimitQ
 }
 
 // live runs envoys (each one's service given by svc) on the real clock
-// against the rig, and returns the run and a function that waits until d
-// after the start; the Envoys tick every 20 ms and the count is sampled
-// every 100 ms until the test ends.
+// against the rig, and returns the run, its start, and a function that
+// waits until d after the start.
 func (rig *rlqsRig) live(t *testing.T, envoys []*emulatedEnvoy) (*harnessRun, time.Time, func(time.Duration)) {
 	t.Helper()
 	run := newHarnessRun(rig.match.Rule.Limit, rlqsPeriod, rig.peek, envoys...)
+	start, until := runLive(t, run)
+	return run, start, until
+}
+
+// runLive ticks run's Envoys every 20 ms of the real clock and samples the
+// count every 100 ms until t ends; it returns the start, and a function
+// that waits until d after it.
+func runLive(t *testing.T, run *harnessRun) (time.Time, func(time.Duration)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
@@ -807,7 +856,7 @@ func (rig *rlqsRig) live(t *testing.T, envoys []*emulatedEnvoy) (*harnessRun, ti
 		wg.Wait()
 	})
 	start := time.Now()
-	for _, e := range envoys {
+	for _, e := range run.envoys {
 		e.run(ctx, 20*time.Millisecond)
 	}
 	wg.Add(1)
@@ -830,7 +879,7 @@ func (rig *rlqsRig) live(t *testing.T, envoys []*emulatedEnvoy) (*harnessRun, ti
 	// clock: waiting for them is waiting for time to pass, which no fake
 	// clock can shorten here.
 	until := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
-	return run, start, until
+	return start, until
 }
 
 // finish stops the Envoys and the sampling, and returns the verdicts.
