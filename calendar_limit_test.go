@@ -297,6 +297,12 @@ func TestCalendarParseLimit(t *testing.T) {
 		"5/daily@Mars/Olympus": `time zone "Mars/Olympus"`,
 		"5/daily strict":       "a period is already a hard bound",
 		"5/fortnightly":        `window "fortnightly" is not a duration`,
+		// a unit as a word: what to write instead
+		"1000/month": `write "monthly" for calendar months (from the 1st; "monthly@Europe/Berlin" in a zone), or "30d" for a sliding 30 days`,
+		"5/Weeks":    `write "weekly" for calendar weeks`,
+		"3/day":      `or "d" or "1d" for a sliding 24 hours`,
+		"10/hour":    `write "h" or "1h" for a sliding hour`,
+		"10/mins":    `write "m" or "1m"`,
 	} {
 		_, err := ratelimit.ParseLimit(s)
 		require.ErrorIs(t, err, ratelimit.ErrInvalidLimit, s)

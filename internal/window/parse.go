@@ -94,9 +94,23 @@ func Parse(s string, short bool) (d time.Duration, p Period, loc *time.Location,
 	}
 	d, err := parseDuration(s)
 	if err != nil {
+		if hint, ok := unitWords[strings.TrimSuffix(strings.ToLower(s), "s")]; ok {
+			return 0, 0, nil, fmt.Sprintf("window %q is not a duration: %s", s, hint)
+		}
 		return 0, 0, nil, fmt.Sprintf("window %q is not a duration such as 1m, 500ms, 1d or s (at most about 292 years)", s)
 	}
 	return d, 0, nil, ""
+}
+
+// unitWords says, for a unit written as a word, what is written instead.
+var unitWords = map[string]string{
+	"sec": `write "s" or "1s" for a sliding second`, "second": `write "s" or "1s" for a sliding second`,
+	"min": `write "m" or "1m" for a sliding minute`, "minute": `write "m" or "1m" for a sliding minute`,
+	"hour":  `write "h" or "1h" for a sliding hour`,
+	"day":   `write "daily" for calendar days (from midnight; "daily@Europe/Berlin" in a zone), or "d" or "1d" for a sliding 24 hours`,
+	"week":  `write "weekly" for calendar weeks (from Monday; "weekly@Europe/Berlin" in a zone), or "7d" for a sliding 7 days`,
+	"month": `write "monthly" for calendar months (from the 1st; "monthly@Europe/Berlin" in a zone), or "30d" for a sliding 30 days`,
+	"year":  `write "yearly" for calendar years (from January 1st; "yearly@Europe/Berlin" in a zone), or "365d" for a sliding 365 days`,
 }
 
 // parseDuration reads what time.ParseDuration reads, and as configuration
