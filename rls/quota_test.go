@@ -37,6 +37,8 @@ descriptors:
   - key: trial
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: strict
+    rate_limit: {unit: minute, requests_per_unit: 600, strict: true}
   - key: env
     descriptors:
       - key: tenant
@@ -354,6 +356,49 @@ func TestQuotaRebalance(t *testing.T) {
 	}
 	require.InDelta(t, 1, fa, 0)
 	require.InDelta(t, 9, fb, 1)
+}
+
+// TestQuotaUnitSettled: what a unit (here a strict minute's sub-window of
+// 6 s) counted and its Envoy did not spend comes back at the first report
+// made after its last token bucket ended, though a new unit has started.
+func TestQuotaUnitSettled(t *testing.T) {
+	f := newQuotaFixture(t)
+	ctx := context.Background()
+	s := f.q.newStream()
+	f.at(time.Second)
+	_, err := s.report(ctx, reports("rlqs", usageOf(0, 2, 0, "strict", "acme")))
+	require.NoError(t, err)
+	// demand 2/s: 3 a fill, a TTL of 4s (5s of the unit left, 1s of it for
+	// delivery): 3 + 3×4 counted; Envoy may spend it until 6s
+	require.Equal(t, int64(15), f.count(t, "strict", "acme"))
+
+	f.at(5*time.Second + 500*time.Millisecond)
+	resp, err := s.report(ctx, reports("rlqs", usageOf(4, 0, 4*time.Second, "strict", "acme")))
+	require.NoError(t, err)
+	require.Empty(t, resp.BucketAction, "no whole second is left of the unit")
+	// 4 spent; after the report (made from 4.5s) Envoy may spend 3 and the
+	// fills to 6s, 3×2: 2 given back
+	require.Equal(t, int64(13), f.count(t, "strict", "acme"))
+
+	f.at(6*time.Second + 100*time.Millisecond)
+	resp = s.tick(ctx)
+	require.Len(t, resp.BucketAction, 1, "the next unit's assignment as it starts")
+	tb, ttl := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, uint32(2), tb.GetTokensPerFill().GetValue(), "1/s of demand, and half again")
+	require.Equal(t, 4*time.Second, ttl)
+	require.Equal(t, int64(13+2+2*4), f.count(t, "strict", "acme"))
+
+	// 2 spent, of either unit: each takes them. The report was made from
+	// 6.5s, after the last unit's bucket ended: of its 13, the 4 and the 2
+	// reported stay, 7 come back. The new unit keeps its 10 (its bucket
+	// started after 6.5s: all of it may still be spent), and the renewal
+	// to 11.5s adds a fill of 2.
+	f.at(7*time.Second + 500*time.Millisecond)
+	resp, err = s.report(ctx, reports("rlqs", usageOf(2, 0, 2*time.Second, "strict", "acme")))
+	require.NoError(t, err)
+	require.Len(t, resp.BucketAction, 1)
+	require.Equal(t, int64(6+10+2), f.count(t, "strict", "acme"))
+	require.Empty(t, s.buckets["6:strict4:acme"].past, "the last unit is settled")
 }
 
 // TestQuotaAbandon: a bucket unreported for the abandon time gets its
