@@ -537,50 +537,52 @@ func (e *envoyBucket) admit(now time.Time) bool {
 // each on a replica of its own (which sees no other's demand: each assigns
 // its Envoy the whole rate, and Redis alone holds them back), spend what
 // their assignments let them for four minutes; at every admission what all
-// admitted holds to the sliding rule of the limit.
+// admitted holds to the sliding rule of the limit. Steadily; and in bursts
+// across a window's end, after which RLS requests of the same id fill what
+// the count has left at the next window's end: a token counted in one
+// window and spent in the next would be admitted on top of a full count
+// (Redis weighs the window it was counted in less and less), which is why
+// an assignment ends with the window its tokens were counted in.
 func TestQuotaLeaseBound(t *testing.T) {
-	f := newQuotaFixture(t)
-	ctx := context.Background()
 	const rate, window = 600, time.Minute
-	type envoy struct {
-		s *quotaStream
-		b envoyBucket
-	}
-	envoys := make([]*envoy, 3)
-	for i := range envoys {
-		q, err := NewQuotaServer(f.l, func() *Config { return f.cfg })
-		require.NoError(t, err)
-		envoys[i] = &envoy{s: q.newStream()}
-	}
-	admitted := map[int64]int64{} // by window
-	step := 100 * time.Millisecond
-	var total int64
-	for at := time.Duration(0); at < 4*window; at += step {
-		f.at(at)
-		now := time.UnixMilli(f.now.Load())
-		for i, e := range envoys {
-			// each reports every 5s, its time_elapsed in whole seconds,
-			// at its own phase
-			phase := time.Duration(i) * 1700 * time.Millisecond
-			if (at-phase)%(5*time.Second) == 0 && at >= phase {
-				elapsed := now.Sub(e.b.lastReport).Truncate(time.Second)
-				if e.b.lastReport.IsZero() {
-					elapsed = 0
-				}
-				resp, err := e.s.report(ctx, reports("rlqs", usageOf(e.b.allowed, e.b.denied, elapsed, "tenant", "acme")))
+	never := func(time.Duration) int { return 0 }
+	for _, c := range []struct {
+		name string
+		// tries in a step of 100ms of each Envoy, and of an RLS client
+		envoyAsks, rlsAsks func(at time.Duration) int
+		least              int64 // admitted in 4 minutes, more than
+	}{
+		{"steady", func(time.Duration) int { return 5 }, never, 4 * rate * 7 / 10},
+		{"across a window's end, then RLS on a full count", func(at time.Duration) int {
+			if at%(2*window) >= 52*time.Second && at%(2*window) < 70*time.Second {
+				return 5
+			}
+			return 0
+		}, func(at time.Duration) int {
+			if at%(2*window) >= 110*time.Second {
+				return 5
+			}
+			return 0
+		}, 2 * rate},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newQuotaFixture(t)
+			ctx := context.Background()
+			type envoy struct {
+				s *quotaStream
+				b envoyBucket
+			}
+			envoys := make([]*envoy, 3)
+			for i := range envoys {
+				q, err := NewQuotaServer(f.l, func() *Config { return f.cfg })
 				require.NoError(t, err)
-				e.b.allowed, e.b.denied, e.b.lastReport = 0, 0, now
-				for _, a := range resp.BucketAction {
-					e.b.apply(t, a, now)
-				}
+				envoys[i] = &envoy{s: q.newStream()}
 			}
-			for _, a := range e.s.tick(ctx).BucketAction {
-				e.b.apply(t, a, now)
-			}
-			for range 5 { // 50 a second each
-				if !e.b.admit(now) {
-					continue
-				}
+			m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
+			admitted := map[int64]int64{} // by window
+			var total int64
+			admit := func(now time.Time, at time.Duration) {
+				t.Helper()
 				w := now.UnixMilli() / window.Milliseconds()
 				admitted[w]++
 				total++
@@ -588,9 +590,46 @@ func TestQuotaLeaseBound(t *testing.T) {
 				est := admitted[w] + admitted[w-1]*(window.Milliseconds()-elapsed)/window.Milliseconds()
 				require.LessOrEqual(t, est, int64(rate), "at %v", at)
 			}
-		}
+			step := 100 * time.Millisecond
+			for at := time.Duration(0); at < 4*window; at += step {
+				f.at(at)
+				now := time.UnixMilli(f.now.Load())
+				for i, e := range envoys {
+					// each reports every 5s, its time_elapsed in whole seconds,
+					// at its own phase
+					phase := time.Duration(i) * 1700 * time.Millisecond
+					if (at-phase)%(5*time.Second) == 0 && at >= phase {
+						elapsed := now.Sub(e.b.lastReport).Truncate(time.Second)
+						if e.b.lastReport.IsZero() {
+							elapsed = 0
+						}
+						resp, err := e.s.report(ctx, reports("rlqs", usageOf(e.b.allowed, e.b.denied, elapsed, "tenant", "acme")))
+						require.NoError(t, err)
+						e.b.allowed, e.b.denied, e.b.lastReport = 0, 0, now
+						for _, a := range resp.BucketAction {
+							e.b.apply(t, a, now)
+						}
+					}
+					for _, a := range e.s.tick(ctx).BucketAction {
+						e.b.apply(t, a, now)
+					}
+					for range c.envoyAsks(at) { // 50 a second each
+						if e.b.admit(now) {
+							admit(now, at)
+						}
+					}
+				}
+				for range c.rlsAsks(at) {
+					res, err := f.l.AllowN(ctx, m.ID, m.Rule.Limit, 1)
+					require.NoError(t, err)
+					if res.Allowed {
+						admit(now, at)
+					}
+				}
+			}
+			// the limit is not left idle: most of it is used
+			require.Greater(t, total, c.least, "admitted %d in 4 minutes", total)
+			require.True(t, envoys[0].b.sawTTL && envoys[0].b.sawFresh, "renewals and new buckets both happened")
+		})
 	}
-	// the limit is not left idle: most of it is used
-	require.Greater(t, total, int64(4*rate*7/10), "admitted %d in 4 minutes", total)
-	require.True(t, envoys[0].b.sawTTL && envoys[0].b.sawFresh, "renewals and new buckets both happened")
 }
