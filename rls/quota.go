@@ -251,8 +251,9 @@ type quotaBucket struct {
 	group   *shareGroup
 
 	lastReport time.Time
-	demand     float64 // requests a second, allowed and denied, at the last report
-	led        ledger
+	demand     float64                                   // requests a second, allowed and denied, at the last report
+	led        ledger                                    // the unit its assignments are counted in now
+	past       []ledger                                  // units that ended with tokens Envoy may have spent: the next reports settle them
 	last       *rlqs.RateLimitQuotaResponse_BucketAction // the last action sent
 	lastShape  shape
 	sentAt     time.Time
@@ -388,23 +389,50 @@ func (s *quotaStream) reported(ctx context.Context, u *usage, now time.Time) {
 		b.group.set(b, b.demand)
 	}
 	b.lastReport = now
-	b.led.spent(int64(min(u.allowed, math.MaxInt64)))
-	s.settle(ctx, b, now.Add(-delivery))
+	n := int64(min(u.allowed, math.MaxInt64))
+	for i := range b.past {
+		b.past[i].spent(n)
+	}
+	b.led.spent(n)
+	s.settle(ctx, b, now.Add(-delivery), now)
 }
 
-// settle gives back what b's ledger holds that neither reports showed spent
-// nor Envoy may spend after from, the earliest a report it has was made.
-func (s *quotaStream) settle(ctx context.Context, b *quotaBucket, from time.Time) {
-	if b.countID == "" {
+// settle gives back what b's ledgers hold that neither reports showed
+// spent nor Envoy may spend after from, the earliest a report it has was
+// made, and forgets the ended units that hold nothing more.
+func (s *quotaStream) settle(ctx context.Context, b *quotaBucket, from, now time.Time) {
+	s.settleLedger(ctx, &b.led, from)
+	kept := b.past[:0]
+	for _, l := range b.past {
+		s.settleLedger(ctx, &l, from)
+		if !l.settled(now) {
+			kept = append(kept, l)
+		}
+	}
+	clear(b.past[len(kept):])
+	b.past = kept
+}
+
+func (s *quotaStream) settleLedger(ctx context.Context, l *ledger, from time.Time) {
+	if l.id == "" {
 		return
 	}
-	if n := b.led.unused(from, s.q.opts.fill); n > 0 {
-		given, _ := b.led.giveBack(ctx, s.q.limiter, b.countID, n)
+	if n := l.unused(from, s.q.opts.fill); n > 0 {
+		given, _ := l.giveBack(ctx, s.q.limiter, n)
 		if m := s.q.opts.metrics; m != nil {
 			m.givenBack.Add(float64(given))
 		}
 	}
-	b.led.forget(from)
+	l.forget(from)
+}
+
+// retire moves b's current unit to those the next reports settle, when
+// Envoy may have spent of it after its last report.
+func (b *quotaBucket) retire() {
+	if b.led.id != "" && len(b.led.terms) > 0 {
+		b.past = append(b.past, b.led)
+	}
+	b.led = ledger{}
 }
 
 // assign returns b's action as of now, counting in Redis what it lets
@@ -432,9 +460,10 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 	}
 	unitEnd, span := quotaUnit(limit, now)
 	if !unitEnd.Equal(b.led.unitEnd) {
-		// the last unit was settled at its last report; what Envoy may
-		// still have spent of it stays counted there
-		b.led = ledger{unitEnd: unitEnd}
+		// what Envoy spent of the last unit after its last report comes in
+		// the next ones, which settle it
+		b.retire()
+		b.led = newLedger(countID, limit, now)
 	}
 	ttl := min(q.opts.ttl, unitEnd.Sub(now.Add(delivery)).Truncate(time.Second))
 	if ttl < time.Second {
@@ -484,11 +513,12 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 func (s *quotaStream) rebind(ctx context.Context, b *quotaBucket, countID string, limit ratelimit.Limit, now time.Time) {
 	if b.countID != "" {
 		s.endTerm(b, now)
-		s.settle(ctx, b, b.lastReport.Add(-delivery))
+		s.settle(ctx, b, b.lastReport.Add(-delivery), now)
+		b.retire()
 		b.group.leave(b)
 		b.group = nil
 	}
-	b.countID, b.limit, b.led = countID, limit, ledger{}
+	b.countID, b.limit = countID, limit
 	if countID != "" {
 		b.group = s.q.join(countID+"\x00"+limit.String(), b, b.demand)
 	}
@@ -624,7 +654,7 @@ func (s *quotaStream) tick(ctx context.Context) *rlqs.RateLimitQuotaResponse {
 // drop settles b, whose Envoy spends nothing more after its last term,
 // and forgets it.
 func (s *quotaStream) drop(ctx context.Context, b *quotaBucket) {
-	s.settle(ctx, b, b.lastReport.Add(-delivery))
+	s.settle(ctx, b, b.lastReport.Add(-delivery), s.q.limiter.Now())
 	if b.group != nil {
 		b.group.leave(b)
 	}

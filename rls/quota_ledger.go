@@ -61,13 +61,41 @@ type grant struct {
 // strict limit's sub-window, a calendar period): what was counted, what
 // reports showed spent, and the token buckets it pays for. Every
 // assignment counted in a unit ends by that unit's end, so no token
-// counted in one unit is spent in another.
+// counted in one unit is spent in another. A unit that has ended is
+// settled by the reports that follow, as the current one is, until its
+// last token bucket has ended before a report was made: all it counted
+// is then spent or given back.
 type ledger struct {
-	unitEnd    time.Time
+	id      string // what it counts under
+	unitEnd time.Time
+	// weighs is when the unit's count stops weighing on decisions: a
+	// refund after it does nothing
+	weighs     time.Time
 	grants     []grant
 	counted    int64 // what the grants hold, net of what was given back
 	attributed int64 // what reports showed spent, at most counted
 	terms      []term
+}
+
+// newLedger returns the ledger of the unit of limit, counted under id,
+// that now falls in.
+func newLedger(id string, limit ratelimit.Limit, now time.Time) ledger {
+	end, _ := quotaUnit(limit, now)
+	weighs := end
+	if limit.Calendar == 0 {
+		// a window is read until the next one ends; a strict sub-window
+		// for StrictSubWindows more, as long
+		weighs = end.Add(limit.Window)
+	}
+	return ledger{id: id, unitEnd: end, weighs: weighs}
+}
+
+// settled reports whether l, just settled, holds nothing more to give
+// back: none of its terms can spend after the settlement (so all it
+// counted was attributed or given back), or its count no longer weighs at
+// now.
+func (l *ledger) settled(now time.Time) bool {
+	return len(l.terms) == 0 || !now.Before(l.weighs)
 }
 
 // live returns the term Envoy may still be spending from, or nil.
@@ -78,10 +106,14 @@ func (l *ledger) live() *term {
 	return &l.terms[len(l.terms)-1]
 }
 
-// spent attributes n reported spent to the unit. Envoy reports what it
-// spent across units in one sum; a unit takes all of it it can, which
-// only holds back a give-back of its own, and an earlier unit's leftover
-// was settled when its last report came, so nothing is given back twice.
+// spent attributes n reported spent to the unit. Envoy reports in one sum
+// what it spent across the end of a unit, of the ended unit's token
+// bucket and then of the next one's, and which took how much is not in
+// the report: each unit takes all of it it can. That only holds back
+// give-backs, never gives back a token spent: a unit given less than it
+// spent would give back what its Envoy spent. What both took of one
+// report stays counted in one of them (at most one report period's
+// spending a unit); a bucket that spent nothing loses nothing.
 func (l *ledger) spent(n int64) {
 	l.attributed = min(satAdd(l.attributed, n), l.counted)
 }
@@ -117,14 +149,14 @@ func (l *ledger) unused(from time.Time, fill time.Duration) int64 {
 // window it was counted in. A refund that fails may have landed, so it is
 // never sent again: it is taken off all the same, which can only leave
 // the count higher than the spending.
-func (l *ledger) giveBack(ctx context.Context, lim *ratelimit.Limiter, id string, n int64) (given int64, err error) {
+func (l *ledger) giveBack(ctx context.Context, lim *ratelimit.Limiter, n int64) (given int64, err error) {
 	for i := len(l.grants) - 1; i >= 0 && n > 0; i-- {
 		g := &l.grants[i]
 		k := min(g.left, n)
 		if k == 0 {
 			continue
 		}
-		if e := lim.Refund(ctx, id, []ratelimit.Result{g.res}, k); e != nil && err == nil {
+		if e := lim.Refund(ctx, l.id, []ratelimit.Result{g.res}, k); e != nil && err == nil {
 			err = e
 		}
 		g.left -= k

@@ -37,6 +37,8 @@ descriptors:
   - key: trial
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: strict
+    rate_limit: {unit: minute, requests_per_unit: 600, strict: true}
   - key: env
     descriptors:
       - key: tenant
@@ -356,6 +358,49 @@ func TestQuotaRebalance(t *testing.T) {
 	require.InDelta(t, 9, fb, 1)
 }
 
+// TestQuotaUnitSettled: what a unit (here a strict minute's sub-window of
+// 6 s) counted and its Envoy did not spend comes back at the first report
+// made after its last token bucket ended, though a new unit has started.
+func TestQuotaUnitSettled(t *testing.T) {
+	f := newQuotaFixture(t)
+	ctx := context.Background()
+	s := f.q.newStream()
+	f.at(time.Second)
+	_, err := s.report(ctx, reports("rlqs", usageOf(0, 2, 0, "strict", "acme")))
+	require.NoError(t, err)
+	// demand 2/s: 3 a fill, a TTL of 4s (5s of the unit left, 1s of it for
+	// delivery): 3 + 3×4 counted; Envoy may spend it until 6s
+	require.Equal(t, int64(15), f.count(t, "strict", "acme"))
+
+	f.at(5*time.Second + 500*time.Millisecond)
+	resp, err := s.report(ctx, reports("rlqs", usageOf(4, 0, 4*time.Second, "strict", "acme")))
+	require.NoError(t, err)
+	require.Empty(t, resp.BucketAction, "no whole second is left of the unit")
+	// 4 spent; after the report (made from 4.5s) Envoy may spend 3 and the
+	// fills to 6s, 3×2: 2 given back
+	require.Equal(t, int64(13), f.count(t, "strict", "acme"))
+
+	f.at(6*time.Second + 100*time.Millisecond)
+	resp = s.tick(ctx)
+	require.Len(t, resp.BucketAction, 1, "the next unit's assignment as it starts")
+	tb, ttl := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, uint32(2), tb.GetTokensPerFill().GetValue(), "1/s of demand, and half again")
+	require.Equal(t, 4*time.Second, ttl)
+	require.Equal(t, int64(13+2+2*4), f.count(t, "strict", "acme"))
+
+	// 2 spent, of either unit: each takes them. The report was made from
+	// 6.5s, after the last unit's bucket ended: of its 13, the 4 and the 2
+	// reported stay, 7 come back. The new unit keeps its 10 (its bucket
+	// started after 6.5s: all of it may still be spent), and the renewal
+	// to 11.5s adds a fill of 2.
+	f.at(7*time.Second + 500*time.Millisecond)
+	resp, err = s.report(ctx, reports("rlqs", usageOf(2, 0, 2*time.Second, "strict", "acme")))
+	require.NoError(t, err)
+	require.Len(t, resp.BucketAction, 1)
+	require.Equal(t, int64(6+10+2), f.count(t, "strict", "acme"))
+	require.Empty(t, s.buckets["6:strict4:acme"].past, "the last unit is settled")
+}
+
 // TestQuotaAbandon: a bucket unreported for the abandon time gets its
 // abandon_action, and what Envoy cannot have spent back.
 func TestQuotaAbandon(t *testing.T) {
@@ -492,50 +537,52 @@ func (e *envoyBucket) admit(now time.Time) bool {
 // each on a replica of its own (which sees no other's demand: each assigns
 // its Envoy the whole rate, and Redis alone holds them back), spend what
 // their assignments let them for four minutes; at every admission what all
-// admitted holds to the sliding rule of the limit.
+// admitted holds to the sliding rule of the limit. Steadily; and in bursts
+// across a window's end, after which RLS requests of the same id fill what
+// the count has left at the next window's end: a token counted in one
+// window and spent in the next would be admitted on top of a full count
+// (Redis weighs the window it was counted in less and less), which is why
+// an assignment ends with the window its tokens were counted in.
 func TestQuotaLeaseBound(t *testing.T) {
-	f := newQuotaFixture(t)
-	ctx := context.Background()
 	const rate, window = 600, time.Minute
-	type envoy struct {
-		s *quotaStream
-		b envoyBucket
-	}
-	envoys := make([]*envoy, 3)
-	for i := range envoys {
-		q, err := NewQuotaServer(f.l, func() *Config { return f.cfg })
-		require.NoError(t, err)
-		envoys[i] = &envoy{s: q.newStream()}
-	}
-	admitted := map[int64]int64{} // by window
-	step := 100 * time.Millisecond
-	var total int64
-	for at := time.Duration(0); at < 4*window; at += step {
-		f.at(at)
-		now := time.UnixMilli(f.now.Load())
-		for i, e := range envoys {
-			// each reports every 5s, its time_elapsed in whole seconds,
-			// at its own phase
-			phase := time.Duration(i) * 1700 * time.Millisecond
-			if (at-phase)%(5*time.Second) == 0 && at >= phase {
-				elapsed := now.Sub(e.b.lastReport).Truncate(time.Second)
-				if e.b.lastReport.IsZero() {
-					elapsed = 0
-				}
-				resp, err := e.s.report(ctx, reports("rlqs", usageOf(e.b.allowed, e.b.denied, elapsed, "tenant", "acme")))
+	never := func(time.Duration) int { return 0 }
+	for _, c := range []struct {
+		name string
+		// tries in a step of 100ms of each Envoy, and of an RLS client
+		envoyAsks, rlsAsks func(at time.Duration) int
+		least              int64 // admitted in 4 minutes, more than
+	}{
+		{"steady", func(time.Duration) int { return 5 }, never, 4 * rate * 7 / 10},
+		{"across a window's end, then RLS on a full count", func(at time.Duration) int {
+			if at%(2*window) >= 52*time.Second && at%(2*window) < 70*time.Second {
+				return 5
+			}
+			return 0
+		}, func(at time.Duration) int {
+			if at%(2*window) >= 110*time.Second {
+				return 5
+			}
+			return 0
+		}, 2 * rate},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newQuotaFixture(t)
+			ctx := context.Background()
+			type envoy struct {
+				s *quotaStream
+				b envoyBucket
+			}
+			envoys := make([]*envoy, 3)
+			for i := range envoys {
+				q, err := NewQuotaServer(f.l, func() *Config { return f.cfg })
 				require.NoError(t, err)
-				e.b.allowed, e.b.denied, e.b.lastReport = 0, 0, now
-				for _, a := range resp.BucketAction {
-					e.b.apply(t, a, now)
-				}
+				envoys[i] = &envoy{s: q.newStream()}
 			}
-			for _, a := range e.s.tick(ctx).BucketAction {
-				e.b.apply(t, a, now)
-			}
-			for range 5 { // 50 a second each
-				if !e.b.admit(now) {
-					continue
-				}
+			m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
+			admitted := map[int64]int64{} // by window
+			var total int64
+			admit := func(now time.Time, at time.Duration) {
+				t.Helper()
 				w := now.UnixMilli() / window.Milliseconds()
 				admitted[w]++
 				total++
@@ -543,9 +590,46 @@ func TestQuotaLeaseBound(t *testing.T) {
 				est := admitted[w] + admitted[w-1]*(window.Milliseconds()-elapsed)/window.Milliseconds()
 				require.LessOrEqual(t, est, int64(rate), "at %v", at)
 			}
-		}
+			step := 100 * time.Millisecond
+			for at := time.Duration(0); at < 4*window; at += step {
+				f.at(at)
+				now := time.UnixMilli(f.now.Load())
+				for i, e := range envoys {
+					// each reports every 5s, its time_elapsed in whole seconds,
+					// at its own phase
+					phase := time.Duration(i) * 1700 * time.Millisecond
+					if (at-phase)%(5*time.Second) == 0 && at >= phase {
+						elapsed := now.Sub(e.b.lastReport).Truncate(time.Second)
+						if e.b.lastReport.IsZero() {
+							elapsed = 0
+						}
+						resp, err := e.s.report(ctx, reports("rlqs", usageOf(e.b.allowed, e.b.denied, elapsed, "tenant", "acme")))
+						require.NoError(t, err)
+						e.b.allowed, e.b.denied, e.b.lastReport = 0, 0, now
+						for _, a := range resp.BucketAction {
+							e.b.apply(t, a, now)
+						}
+					}
+					for _, a := range e.s.tick(ctx).BucketAction {
+						e.b.apply(t, a, now)
+					}
+					for range c.envoyAsks(at) { // 50 a second each
+						if e.b.admit(now) {
+							admit(now, at)
+						}
+					}
+				}
+				for range c.rlsAsks(at) {
+					res, err := f.l.AllowN(ctx, m.ID, m.Rule.Limit, 1)
+					require.NoError(t, err)
+					if res.Allowed {
+						admit(now, at)
+					}
+				}
+			}
+			// the limit is not left idle: most of it is used
+			require.Greater(t, total, c.least, "admitted %d in 4 minutes", total)
+			require.True(t, envoys[0].b.sawTTL && envoys[0].b.sawFresh, "renewals and new buckets both happened")
+		})
 	}
-	// the limit is not left idle: most of it is used
-	require.Greater(t, total, int64(4*rate*7/10), "admitted %d in 4 minutes", total)
-	require.True(t, envoys[0].b.sawTTL && envoys[0].b.sawFresh, "renewals and new buckets both happened")
 }
