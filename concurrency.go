@@ -95,7 +95,7 @@ func (l *Limiter) failAcquire(ctx context.Context, id string, o *op, s *Slot, to
 	req := o.acquire
 	held := holding(l, id, req)
 	held.maybe = true
-	if l.policy == FailLocal {
+	if l.policy == FailLocal && err == nil {
 		c := s.Concurrency
 		allowed, s.InFlight, s.RetryAfter = l.local.Acquire(local.Slot{Key: held.key, Token: held.token, Max: c.Max, Lease: c.Lease}, l.now())
 		held.local = true

@@ -51,6 +51,12 @@ var ErrCircuitOpen = transport.ErrCircuitOpen
 // granted it says nothing.
 var ErrEvictionPolicy = transport.ErrEvictionPolicy
 
+// ErrMisconfigured is wrapped by the error of a call Redis answers as it will
+// every call until reconfigured: no Lua (Garnet without --lua), NOPERM, or
+// WithScriptFlags' flags refused. The error handler gets it; no failure
+// policy decides it: not allowed, under FailOpen too. docs/engines.md.
+var ErrMisconfigured = transport.ErrMisconfigured
+
 // ErrBadReply is wrapped by the error returned when the script's reply does
 // not have the shape the Limiter expects, or when a key the request reads
 // holds something that is not a count: a value another program wrote, or a

@@ -55,8 +55,8 @@ func TestDefaultHandlerLogsEvictionWarning(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
 	h := newLogHandler(time.Now)
-	h.handle(context.Background(), "id", errors.New("a Redis failure"))
-	h.handle(context.Background(), "", ErrEvictionPolicy)
+	h.Handle(context.Background(), "id", errors.New("a Redis failure"))
+	h.Handle(context.Background(), "", ErrEvictionPolicy)
 	require.Contains(t, buf.String(), "a Redis failure")
 	require.Contains(t, buf.String(), "ratelimit: Redis may evict live counts")
 }
@@ -74,7 +74,7 @@ func TestDefaultErrorHandlerIsQuiet(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	l := New(client, WithClock(func() time.Time { return frozen }))
 	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
-	l.onError = newLogHandler(clk.Now).handle // New's, on a real clock the test moves
+	l.onError = newLogHandler(clk.Now).Handle // New's, on a real clock the test moves
 	allow := func(times int) {
 		for range times {
 			res, err := l.Allow(context.Background(), "id", PerSecond(10))

@@ -2,10 +2,19 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/keys"
 	"github.com/slidingwindow/ratelimit/internal/lease"
+	"github.com/slidingwindow/ratelimit/internal/logs"
 )
+
+// newLogHandler returns New's default error handler, its failures paced
+// by now.
+func newLogHandler(now func() time.Time) *logs.Handler {
+	return &logs.Handler{Now: now, Once: func(err error) bool { return errors.Is(err, ErrEvictionPolicy) }}
+}
 
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.
 const MaxLimits = maxLimits

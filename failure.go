@@ -1,14 +1,12 @@
-// The failure policies' decisions, and the default error handler.
+// The failure policies' decisions.
 
 package ratelimit
 
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"time"
 
-	"github.com/slidingwindow/ratelimit/internal/logs"
 	"github.com/slidingwindow/ratelimit/internal/plan"
 )
 
@@ -17,6 +15,9 @@ import (
 // process (FailLocal): whether it allows, and the error the caller gets.
 func (l *Limiter) onFailure(ctx context.Context, id string, redisErr error) (allowed bool, err error) {
 	l.onError(ctx, id, redisErr)
+	if errors.Is(redisErr, ErrMisconfigured) { // no policy: it answers every call so, and an allow hides it
+		return false, redisErr
+	}
 	if l.policy == FailClosed {
 		return false, wrap("ratelimit: Redis could not decide (FailClosed)", ErrUnavailable, redisErr)
 	}
@@ -29,7 +30,7 @@ func (l *Limiter) onFailure(ctx context.Context, id string, redisErr error) (all
 func (l *Limiter) fail(ctx context.Context, id string, o *op, p *plan.Plan, outs []plan.Out, out []Result, took time.Duration, redisErr error) error {
 	allowed, err := l.onFailure(ctx, id, redisErr)
 	var refused uint32
-	if l.policy == FailLocal {
+	if l.policy == FailLocal && err == nil {
 		l.local.Decide(p)
 		allowed, refused = p.Derive(false, outs)
 		l.fill(out, outs, p)
@@ -42,7 +43,7 @@ func (l *Limiter) fail(ctx context.Context, id string, o *op, p *plan.Plan, outs
 func (l *Limiter) failMany(ctx context.Context, id string, o *op, p *plan.Plan, outs []plan.Out, out []Result, took time.Duration, redisErr error) error {
 	allowed, err := l.onFailure(ctx, id, redisErr)
 	var refused uint32
-	if l.policy == FailLocal {
+	if l.policy == FailLocal && err == nil {
 		l.local.DecideMany(p)
 		allowed, refused = p.DeriveMany(outs)
 		l.fill(out, outs, p)
@@ -65,23 +66,4 @@ func (l *Limiter) degrade(ctx context.Context, id string, o *op, out []Result, a
 		r.Degraded, r.receipt = true, receipt{} // counted here, if at all, not in Redis
 	}
 	return l.finish(ctx, id, o, out, allowed, refused, SourcePolicy, took, redisErr, err)
-}
-
-// logHandler is the default error handler: it logs through slog's default
-// logger, failures at most once every 10 seconds (logs.Limited), so that a
-// Redis outage under load gives a line every few seconds rather than one
-// per request. It logs no id: ids are often addresses or API keys.
-type logHandler struct {
-	now func() time.Time
-	logs.Limited
-}
-
-func newLogHandler(now func() time.Time) *logHandler { return &logHandler{now: now} }
-
-func (h *logHandler) handle(ctx context.Context, _ string, err error) {
-	if errors.Is(err, ErrEvictionPolicy) { // once per server: never left out
-		slog.Default().WarnContext(ctx, "ratelimit: Redis may evict live counts", "error", err)
-		return
-	}
-	h.Warn(ctx, h.now(), "ratelimit: Redis failed; the failure policy decided", err)
 }

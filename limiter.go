@@ -4,6 +4,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/keys"
 	"github.com/slidingwindow/ratelimit/internal/lease"
 	"github.com/slidingwindow/ratelimit/internal/local"
+	"github.com/slidingwindow/ratelimit/internal/logs"
 	"github.com/slidingwindow/ratelimit/internal/plan"
 	"github.com/slidingwindow/ratelimit/internal/script"
 	"github.com/slidingwindow/ratelimit/internal/transport"
@@ -257,13 +259,15 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		l.local = local.New(cfg.replicas)
 	}
 	if l.onError == nil {
-		l.onError = newLogHandler(time.Now).handle // real time: WithClock's may stand still
+		once := func(err error) bool { return errors.Is(err, ErrEvictionPolicy) }
+		l.onError = (&logs.Handler{Now: time.Now, Once: once}).Handle // real time: WithClock's may stand still
 	}
 	if !transport.IsNil(client) {
 		l.t = transport.New(client, transport.Config{
 			Timeout:         cfg.timeout,
 			MaxBatch:        cfg.batchMax,
 			FewDeciding:     cfg.fewDeciding,
+			ScriptFlags:     cfg.scriptFlags,
 			BreakerFailures: cfg.breakerFailures,
 			BreakerCooldown: cfg.breakerCooldown,
 			Warn:            func(err error) { l.onError(context.Background(), "", err) },

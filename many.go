@@ -128,10 +128,11 @@ func (l *Limiter) AllowMany(ctx context.Context, quotas []Quota) ([]Result, erro
 	return out, l.derivedMany(ctx, id, &o, p, outs, out, SourceRedis, took)
 }
 
-// slotOf returns the hash slot of a key on a Redis Cluster, whose keys of
-// different slots cannot be in one script call; nil on one Redis.
+// slotOf returns the hash slot of a key where keys of different slots
+// cannot be in one script call (a Redis Cluster, or a server that refused
+// such a call); nil on one Redis.
 func (l *Limiter) slotOf() func(key string) int {
-	if l.t.Cluster() {
+	if l.t.SplitSlots() {
 		return transport.HashSlot
 	}
 	return nil

@@ -97,6 +97,7 @@ type config struct {
 	fewDeciding int
 	maxLeases   int
 	sweepByHand bool
+	scriptFlags []string // WithScriptFlags'
 }
 
 func defaultConfig() config {
@@ -329,4 +330,14 @@ func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 		c.breakerFailures = max(0, failures)
 		c.breakerCooldown = cooldown
 	})
+}
+
+// WithScriptFlags declares flags in the first line of every script the
+// Limiter sends, "#!lua flags=a,b" (by default there is none), for an engine
+// that asks for them: "allow-key-locking" for Upstash, which otherwise runs
+// each script under one global lock. On a Cluster they join
+// allow-cross-slot-keys. A flag the engine refuses (Redis and Valkey refuse
+// allow-key-locking) fails every call with ErrMisconfigured. docs/engines.md.
+func WithScriptFlags(flags ...string) Option {
+	return optionFunc(func(c *config) { c.scriptFlags = append([]string(nil), flags...) })
 }

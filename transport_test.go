@@ -97,7 +97,8 @@ func TestLargeBatchesFitOneCall(t *testing.T) {
 	t.Logf("%d callers in %d calls, at most %d requests a call", callers, len(hook.keys), most)
 }
 
-// A server that does not run Lua scripts gives an error that says so.
+// A server that does not run Lua scripts gives an error that says so, and
+// not the policy's: under FailClosed too, ErrMisconfigured.
 func TestServerWithoutScripting(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Fake(t, map[string]string{"ping": "+PONG\r\n"}) // every other command is unknown
@@ -105,7 +106,7 @@ func TestServerWithoutScripting(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	l := New(client, WithFailurePolicy(FailClosed), WithTimeout(time.Minute), WithErrorHandler(func(context.Context, string, error) {}))
 	_, err := l.Allow(context.Background(), "id", PerSecond(1))
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, ErrMisconfigured)
 	require.ErrorContains(t, err, "does not run Lua scripts")
 	require.ErrorContains(t, err, "unknown command")
 	require.False(t, IsOutage(err), "a server without scripting is up: it opens no breaker")

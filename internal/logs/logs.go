@@ -32,3 +32,23 @@ func (l *Limited) Warn(ctx context.Context, now time.Time, msg string, err error
 	}
 	slog.Default().WarnContext(ctx, msg, "error", err, "errors_not_logged", l.dropped.Swap(0))
 }
+
+// Handler is the Limiter's default error handler: it logs through slog's
+// default logger, failures at most once every Every (Limited), so that a
+// Redis outage under load gives a line every few seconds rather than one
+// per request, and a warning that Once picks out every time (one given once
+// per server). It logs no id: ids are often addresses or API keys.
+type Handler struct {
+	Now  func() time.Time // paces the failures' lines
+	Once func(err error) bool
+	Limited
+}
+
+// Handle logs err, an error of id's call.
+func (h *Handler) Handle(ctx context.Context, _ string, err error) {
+	if h.Once(err) {
+		slog.Default().WarnContext(ctx, "ratelimit: a warning", "error", err)
+		return
+	}
+	h.Warn(ctx, h.Now(), "ratelimit: Redis failed; the failure policy decided", err)
+}

@@ -41,6 +41,7 @@ type Proxy struct {
 	resume   chan struct{}          // nil while traffic flows; closed by Resume
 	delay    time.Duration          // how long each reply is held
 	delayed  chan struct{}          // closed, and replaced, when delay changes
+	answer   func(args []string) string
 	closed   bool
 }
 
@@ -80,6 +81,21 @@ func (p *Proxy) DropNextReply(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drops[strings.ToLower(name)]++
+}
+
+// Answer has the proxy answer commands itself: fn is given each command's
+// arguments (its name first, as the client spelled it) before it is
+// forwarded, and returns "" to let it pass, or the text of an error reply
+// ("NOSCRIPT No matching script.") that the client gets in place of the
+// server's. The server then never sees the command: the proxy sends it a
+// PING instead, whose reply it replaces, so that replies keep their order.
+// A command answered so counts in Commands and Sent all the same. fn is
+// called from the proxy's goroutines, one per connection, perhaps at once.
+// Answer(nil) forwards every command again.
+func (p *Proxy) Answer(fn func(args []string) string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.answer = fn
 }
 
 // Commands returns how many commands named name (case-insensitive) the
@@ -187,7 +203,7 @@ func (p *Proxy) accept(wg *sync.WaitGroup) {
 		}
 		c := &proxyConn{
 			p: p, client: client, server: server, done: make(chan struct{}),
-			pending: make(chan bool, 1<<16), ready: make(chan struct{}, 1),
+			pending: make(chan pendingReply, 1<<16), ready: make(chan struct{}, 1),
 		}
 		p.mu.Lock()
 		if p.closed {
@@ -211,8 +227,8 @@ type proxyConn struct {
 	done           chan struct{} // closed by close
 	once           sync.Once
 	// pending holds, for each command forwarded and not yet answered,
-	// whether its reply is to be lost. Replies come in command order.
-	pending chan bool
+	// what becomes of its reply. Replies come in command order.
+	pending chan pendingReply
 
 	// held is the queue of what readReplies has read from the server and
 	// writeReplies has yet to pass on; ready has a value when it may have
@@ -221,6 +237,16 @@ type proxyConn struct {
 	held   []heldReply
 	ready  chan struct{}
 }
+
+// pendingReply is what becomes of the reply to a command forwarded: lost
+// (drop), replaced by answer, or passed on.
+type pendingReply struct {
+	drop   bool
+	answer []byte // a raw error reply, from Answer
+}
+
+// ping is the command sent to the server in place of one Answer answers.
+var ping = []byte("*1\r\n$4\r\nPING\r\n")
 
 // heldReply is one reply on its way to the client.
 type heldReply struct {
@@ -263,8 +289,17 @@ func (c *proxyConn) forwardCommands() {
 			return
 		}
 		c.p.mu.Lock()
-		drop := c.p.drops[name] > 0
-		if drop {
+		answer := c.p.answer
+		c.p.mu.Unlock()
+		var reply pendingReply
+		if answer != nil {
+			if text := answer(commandArgs(buf.Bytes())); text != "" {
+				reply.answer = []byte("-" + text + "\r\n")
+			}
+		}
+		c.p.mu.Lock()
+		reply.drop = c.p.drops[name] > 0 && reply.answer == nil
+		if reply.drop {
 			c.p.drops[name]--
 		}
 		c.p.commands[name]++
@@ -273,11 +308,15 @@ func (c *proxyConn) forwardCommands() {
 		c.p.sent[name] = append(c.p.sent[name], time.Now())
 		c.p.mu.Unlock()
 		select {
-		case c.pending <- drop: // before the command leaves, so before its reply can come
+		case c.pending <- reply: // before the command leaves, so before its reply can come
 		default:
 			return // far more commands in flight than any test sends
 		}
-		if _, err := c.server.Write(buf.Bytes()); err != nil {
+		out := buf.Bytes()
+		if reply.answer != nil {
+			out = ping
+		}
+		if _, err := c.server.Write(out); err != nil {
 			return
 		}
 	}
@@ -297,14 +336,18 @@ func (c *proxyConn) readReplies() {
 			return
 		}
 		if !push { // a push answers no command
-			var drop bool
+			var reply pendingReply
 			select {
-			case drop = <-c.pending:
+			case reply = <-c.pending:
 			default: // a reply to no command: pass it on
 			}
-			if drop { // the server ran the command; its reply is lost with the connection
+			if reply.drop { // the server ran the command; its reply is lost with the connection
 				c.hold(heldReply{read: read, end: true})
 				return
+			}
+			if reply.answer != nil { // the PING's reply: the answer goes in its place
+				c.hold(heldReply{raw: reply.answer, read: read})
+				continue
 			}
 		}
 		c.hold(heldReply{raw: buf.Bytes(), read: read})
@@ -415,6 +458,30 @@ func readCommandRaw(r *bufio.Reader, buf *bytes.Buffer) (string, error) {
 		}
 	}
 	return name, nil
+}
+
+// commandArgs returns the arguments of raw, one command as readCommandRaw
+// read it: the bulk strings of an array, or an inline command's words.
+func commandArgs(raw []byte) []string {
+	r := bufio.NewReader(bytes.NewReader(raw))
+	var buf bytes.Buffer
+	line, err := readLine(r, &buf)
+	if err != nil || len(line) == 0 || line[0] != '*' {
+		return strings.Fields(string(line))
+	}
+	n, err := size(line)
+	if err != nil {
+		return nil
+	}
+	args := make([]string, 0, n)
+	for range n {
+		buf.Reset()
+		if _, err := readValue(r, &buf, 1); err != nil {
+			return args
+		}
+		args = append(args, bulkText(buf.Bytes()))
+	}
+	return args
 }
 
 // bulkText returns the text of one raw bulk string, "" for anything else.

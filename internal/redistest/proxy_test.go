@@ -283,3 +283,40 @@ func TestProxyStops(t *testing.T) {
 	})
 	goleak.VerifyNone(t, ignore)
 }
+
+// Answer replaces the replies of the commands it picks, in their place
+// among the others of a pipeline, and the server never runs them.
+func TestProxyAnswer(t *testing.T) {
+	s := Start(t)
+	p := StartProxy(t, s.Addr)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	p.Answer(func(args []string) string {
+		if strings.EqualFold(args[0], "incr") && args[1] == "answered" {
+			return "NOSCRIPT No matching script."
+		}
+		return ""
+	})
+	pipe := c.Pipeline()
+	first := pipe.Incr(ctx, "passed")
+	answered := pipe.Incr(ctx, "answered")
+	last := pipe.Incr(ctx, "passed")
+	_, _ = pipe.Exec(ctx)
+	if first.Val() != 1 || last.Val() != 2 || first.Err() != nil || last.Err() != nil {
+		t.Fatalf("the commands passed: %v, %v; want 1 and 2", first, last)
+	}
+	if err := answered.Err(); err == nil || err.Error() != "NOSCRIPT No matching script." {
+		t.Fatalf("the command answered: %v, want the answer", err)
+	}
+	if n, err := s.Client(t).Exists(ctx, "answered").Result(); err != nil || n != 0 {
+		t.Fatalf("the answered INCR reached the server: EXISTS %d, %v", n, err)
+	}
+	if got := p.Commands("incr"); got != 3 {
+		t.Fatalf("counted %d INCRs, want 3", got)
+	}
+	p.Answer(nil)
+	if n, err := c.Incr(ctx, "answered").Result(); err != nil || n != 1 {
+		t.Fatalf("after Answer(nil): %d, %v; want 1", n, err)
+	}
+}

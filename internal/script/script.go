@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/window"
@@ -26,23 +27,47 @@ var ErrBadReply = errors.New("ratelimit: unexpected reply from Redis")
 var ErrInvalidCost = errors.New("ratelimit: invalid cost")
 
 // Script is the source and SHA-1 of a script, as command arguments boxed
-// once, and whether it was declared for keys of several slots.
+// once, whether it was declared for keys of several slots, and whether it
+// has a shebang line at all.
 type Script struct {
 	SHA, Src any
 	// Cross marks the script declared with allow-cross-slot-keys (Redis
 	// 7), for a batch of decisions whose keys are in several slots of one
 	// Redis Cluster master.
 	Cross bool
+	// Header is the script's first line, "#!lua flags=…", or "" for a
+	// script without one.
+	Header string
 }
 
-// NewScript returns the script of src; with cross, declared with
-// allow-cross-slot-keys.
-func NewScript(src string, cross bool) *Script {
+// NewScript returns the script of src, declared with flags (the
+// engine's: see the root's WithScriptFlags) and, with cross,
+// allow-cross-slot-keys: one shebang line of them all, "#!lua
+// flags=a,b", or none without any.
+func NewScript(src string, cross bool, flags ...string) *Script {
 	if cross {
-		src = "#!lua flags=allow-cross-slot-keys\n" + src
+		flags = append(flags[:len(flags):len(flags)], "allow-cross-slot-keys")
+	}
+	sc := &Script{Cross: cross}
+	if len(flags) > 0 {
+		sc.Header = "#!lua flags=" + strings.Join(flags, ",")
+		src = sc.Header + "\n" + src
 	}
 	sum := sha1.Sum([]byte(src))
-	return &Script{SHA: hex.EncodeToString(sum[:]), Src: src, Cross: cross}
+	sc.SHA, sc.Src = hex.EncodeToString(sum[:]), src
+	return sc
+}
+
+// ValidFlag reports whether flag can stand in a shebang line's list of
+// flags: a word of letters, digits, '-' and '_'. Whether the server knows
+// it, only the server can tell.
+func ValidFlag(flag string) bool {
+	for _, r := range flag {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return flag != ""
 }
 
 // Request is what one request asks of the script: a cost against one or

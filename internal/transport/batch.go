@@ -318,6 +318,16 @@ func (b *batcher) send(batch []*pending) {
 		c, sc = b.srv.client, b.t.crossSlot
 	}
 	err := b.t.exchange(ctx, ctx, b.srv, c, sc, reqs, out)
+	if !b.cross && len(batch) > 1 && slotRefusal(err) {
+		// A server that is no Cluster's, behind which the keys of a call
+		// must share a slot: nothing ran; each goes alone, and no more
+		// batches are made (batcherOf).
+		b.t.oneSlot.Store(true)
+		for _, p := range batch {
+			p.done <- b.t.alone(p)
+		}
+		return
+	}
 	if refused, unsupported := refusedBatch(err); cross && (refused || errors.Is(err, redis.ErrClosed)) {
 		// A closed node client is one go-redis dropped from its slot map:
 		// the Cluster client knows where the keys went.
@@ -385,6 +395,11 @@ func refusedBatch(err error) (refused, unsupported bool) {
 		if redis.HasErrorPrefix(err, prefix) {
 			return true, false
 		}
+	}
+	// A master that refuses a script's keys of several slots whatever
+	// its flags (ElastiCache Serverless) will refuse every batch.
+	if strings.Contains(err.Error(), "do not hash to the same slot") {
+		return true, true
 	}
 	// The script reads every key before it writes any: one this master
 	// no longer serves fails it before a write.

@@ -19,6 +19,11 @@ var ErrCircuitOpen = errors.New("ratelimit: circuit open after repeated Redis fa
 // maxmemory-policy can evict live counts.
 var ErrEvictionPolicy = errors.New("ratelimit: Redis may evict live counts")
 
+// ErrMisconfigured is the root's ErrMisconfigured: the server answered,
+// and will answer every call the same until its configuration or the
+// Limiter's changes (see misconfigured).
+var ErrMisconfigured = errors.New("ratelimit: Redis cannot serve the Limiter as configured")
+
 // wrapped says where an error happened, with "ratelimit:" once: its message
 // is context, then the last error's own message without the "ratelimit: "
 // it may start with, so that a FailClosed error over a circuit-open error

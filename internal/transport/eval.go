@@ -36,7 +36,17 @@ func (noRetryInts) NoRetry() bool { return true }
 // EVAL with the source if the server does not have the script. A NOSCRIPT
 // reply means the script did not run, so sending it again cannot count
 // twice; so does TRYAGAIN, which eval sends again after a pause (see
-// tryAgain). It returns the reply's integers in the long form's layout.
+// tryAgain).
+//
+// NOSCRIPT is told by the reply's error code, its first word, whatever
+// the text after it: Redis's "NOSCRIPT No matching script. Please use
+// EVAL.", Valkey 8's "NOSCRIPT No matching script." (valkey-io/valkey#1537),
+// an ElastiCache Serverless node's now and then (Effect-TS/effect-smol#2328);
+// "ERR NOSCRIPT …" too, as go-redis reads Kvrocks's. An error that only
+// mentions NOSCRIPT further on is not one: a script's own error (a
+// redis.call inside it that failed) comes from a script that ran and may
+// have written, and sent again it could count twice. A call reloads the
+// script at most once: EVAL carries it, and is never answered NOSCRIPT. It returns the reply's integers in the long form's layout.
 // short is the number of requests of a call in the short form, whose reply
 // packs each request in one integer when it can (0 for the long form):
 // their flags and counts are unpacked.
@@ -53,7 +63,7 @@ func eval(ctx context.Context, c redis.UniversalClient, sc *script.Script, args 
 		err = c.Process(ctx, cmd)
 	}
 	if err != nil {
-		return nil, classify(err)
+		return nil, classify(err, sc)
 	}
 	if cmd, ok := cmd.(noRetryInts); ok {
 		if short > 1 && len(cmd.Val()) == short {
@@ -137,27 +147,46 @@ func newScriptCmd(ctx context.Context, args []any, short int) redis.Cmder {
 	return noRetryInts{cmd}
 }
 
-// errNoScripting says that the server does not run Lua scripts at all.
-var errNoScripting = errors.New("the server does not run Lua scripts (EVALSHA and EVAL are unknown commands), which every decision needs")
-
-// classify marks the errors of a reply that go-redis read but could not take
-// as an array of integers (a nil, a string, a status: the reply was of the
-// wrong shape), and the error of a server without scripting; every other
-// error (the server's, the network's, the pool's) passes as it is.
-func classify(err error) error {
+// classify marks the errors of a reply that go-redis read but could not
+// take as an array of integers (a nil, a string, a status: the reply was
+// of the wrong shape), and the errors that say the server cannot run sc
+// as it is configured (misconfigured); every other error (the server's,
+// the network's, the pool's) passes as it is.
+func classify(err error, sc *script.Script) error {
 	var numErr *strconv.NumError
-	var redisErr redis.Error
 	switch {
 	case errors.Is(err, redis.Nil) || errors.As(err, &numErr) || strings.HasPrefix(err.Error(), "redis: can't parse"):
 		return fmt.Errorf("%w: %w", script.ErrBadReply, err)
-	case errors.As(err, &redisErr) && unknownScripting(strings.ToLower(redisErr.Error())):
-		return fmt.Errorf("%w: %w", errNoScripting, err)
 	}
-	return err
+	return misconfigured(err, sc)
 }
 
-// unknownScripting reports whether a server's error message, in lower case,
-// says that it does not know EVALSHA or EVAL.
-func unknownScripting(msg string) bool {
-	return strings.Contains(msg, "unknown command") && (strings.Contains(msg, "'evalsha'") || strings.Contains(msg, "'eval'"))
+// misconfigured returns err wrapped in ErrMisconfigured, with what to do,
+// when it is a server's reply that no number of calls will change: the
+// server runs no Lua (Garnet without --lua; a server without scripting),
+// the ACL user may not run a command the Limiter sends, or the server
+// refuses the flags of sc's first line (the engine's: WithScriptFlags).
+// sc is nil for a command that is no script. Any other error is returned
+// as it is. None of these says the server is down, so none opens a
+// breaker; the root's failure policy does not decide them either (an
+// allow would hide, for as long as it lasts, that no limit is enforced).
+func misconfigured(err error, sc *script.Script) error {
+	var redisErr redis.Error
+	if !errors.As(err, &redisErr) {
+		return err
+	}
+	msg := strings.ToLower(redisErr.Error())
+	var what string
+	switch {
+	case strings.Contains(msg, "unknown command") && (strings.Contains(msg, "'evalsha'") || strings.Contains(msg, "'eval'")),
+		strings.Contains(msg, "lua scripting support disabled"): // Garnet without --lua
+		what = "the server does not run Lua scripts, which every decision needs (Garnet: start it with --lua)"
+	case redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(msg, "user executing the script can't run"):
+		what = "the Redis user may not run a command the Limiter sends (docs/failure-modes.md, Least privilege)"
+	case sc != nil && sc.Header != "" && (strings.Contains(msg, "shebang") || strings.Contains(msg, "compiling script")):
+		what = fmt.Sprintf("the server refuses the scripts' first line %q (WithScriptFlags: docs/engines.md)", sc.Header)
+	default:
+		return err
+	}
+	return Wrap("ratelimit: "+what, ErrMisconfigured, err)
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // reloadEvery is how often, at most, a Cluster client is told to reload its
@@ -170,9 +172,21 @@ func (t *Transport) reload() {
 	t.cluster.ReloadState(context.Background())
 }
 
-// Cluster reports whether t's client is a Redis Cluster's, whose keys of
-// different slots cannot be in one script call.
-func (t *Transport) Cluster() bool { return t.cluster != nil }
+// SplitSlots reports whether keys of different hash slots cannot be in one
+// script call: t's client is a Redis Cluster's, or its server refused such
+// a call (oneSlot). Every id's keys share its hash tag, so only calls of
+// several ids are split: batches, and AllowMany.
+func (t *Transport) SplitSlots() bool { return t.cluster != nil || t.oneSlot.Load() }
+
+// slotRefusal reports whether err is a server's refusal of a call whose
+// keys are in several hash slots, made before the call wrote anything: a
+// Cluster's CROSSSLOT, which comes before the script runs, or a script's
+// access to keys of another slot (ElastiCache Serverless and proxies that
+// check a script's keys, redisson/redisson#6463), which comes at the
+// script's first read, the MGET of every key, before any write.
+func slotRefusal(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "CROSSSLOT") || strings.Contains(err.Error(), "do not hash to the same slot"))
+}
 
 // HashSlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
 // tag, the part between the first '{' and the first '}' after it when

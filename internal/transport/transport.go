@@ -7,6 +7,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -53,9 +54,14 @@ type Transport struct {
 
 	one *server // every call, unless the client is a Cluster's
 
-	cluster    *redis.ClusterClient // nil unless the client is a Cluster's
-	servers    sync.Map             // a Cluster master's address -> *server
-	crossOff   atomic.Bool          // the masters cannot run cross-slot scripts
+	cluster  *redis.ClusterClient // nil unless the client is a Cluster's
+	servers  sync.Map             // a Cluster master's address -> *server
+	crossOff atomic.Bool          // the masters cannot run cross-slot scripts
+	// oneSlot: a server that is no Cluster's refused a call whose keys
+	// are in several hash slots (a proxy, ElastiCache Serverless): calls
+	// keep to one slot from then on (see slotRefusal).
+	oneSlot    atomic.Bool
+	badFlag    error                // a flag of Config.ScriptFlags no shebang can hold: every call's error
 	mapped     atomic.Bool          // the Cluster client has its slot map
 	mapMu      sync.Mutex           // guards loading
 	loading    *mapLoad             // the slot map's load in flight, if any
@@ -114,6 +120,9 @@ type Config struct {
 	// Warn is told what is wrong without failing a call: a server whose
 	// eviction policy deletes live counts (ErrEvictionPolicy).
 	Warn func(error)
+	// ScriptFlags are declared in the scripts' first line (the root's
+	// WithScriptFlags); none: no such line but a Cluster batch's.
+	ScriptFlags []string
 	// Work counts every goroutine the transport starts (batches in
 	// flight, calls whose callers left and their late judges, slot-map
 	// loads, eviction checks): its owner waits for them.
@@ -124,9 +133,9 @@ type Config struct {
 func New(client redis.UniversalClient, cfg Config) *Transport {
 	t := &Transport{
 		client:          client,
-		decider:         script.NewScript(script.Source, false),
-		crossSlot:       script.NewScript(script.Source, true),
-		concurrency:     script.NewScript(script.ConcurrencySource, false),
+		decider:         script.NewScript(script.Source, false, cfg.ScriptFlags...),
+		crossSlot:       script.NewScript(script.Source, true, cfg.ScriptFlags...),
+		concurrency:     script.NewScript(script.ConcurrencySource, false, cfg.ScriptFlags...),
 		timeout:         cfg.Timeout,
 		ctxAware:        HonoursContext(client),
 		maxBatch:        cfg.MaxBatch,
@@ -138,6 +147,12 @@ func New(client redis.UniversalClient, cfg Config) *Transport {
 		dials:           dialRecorder(client),
 		warn:            cfg.Warn,
 		work:            cfg.Work,
+	}
+	for _, f := range cfg.ScriptFlags {
+		if !script.ValidFlag(f) {
+			t.badFlag = Wrap("ratelimit: WithScriptFlags", ErrMisconfigured, fmt.Errorf("%q is not a script flag: one word of letters, digits, - and _", f))
+			break
+		}
 	}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
@@ -197,6 +212,9 @@ func (t *Transport) Do(ctx context.Context, reqs []*script.Request, out []script
 	if expired(ctx) { // send nothing for a caller who is gone
 		return &CallerLeft{err: ctxErr(ctx)}
 	}
+	if t.badFlag != nil {
+		return t.badFlag
+	}
 	wire, cancel, detached := t.wire(ctx)
 	err := t.route(ctx, wire, detached, reqs, out)
 	if l := lateOf(err); l != nil {
@@ -223,6 +241,9 @@ func (t *Transport) route(ctx, wire context.Context, detached bool, reqs []*scri
 	}
 	if err == nil {
 		return nil
+	}
+	if t.cluster == nil && slotRefusal(err) {
+		t.oneSlot.Store(true) // the next calls keep to one slot: see SplitSlots
 	}
 	if expired(ctx) {
 		return t.left(ctx, wire, srv, err)
@@ -261,7 +282,7 @@ func (t *Transport) scriptOf(r *script.Request) *script.Script {
 
 // batcherOf returns the batcher of srv, or nil when its calls go alone.
 func (t *Transport) batcherOf(srv *server) *batcher {
-	if srv.batch == nil || srv.batch.cross && t.crossOff.Load() {
+	if srv.batch == nil || srv.batch.cross && t.crossOff.Load() || t.oneSlot.Load() {
 		return nil
 	}
 	return srv.batch
