@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -58,7 +59,14 @@ func TestDefaultHandlerLogsEvictionWarning(t *testing.T) {
 	h.Handle(context.Background(), "id", errors.New("a Redis failure"))
 	h.Handle(context.Background(), "", ErrEvictionPolicy)
 	require.Contains(t, buf.String(), "a Redis failure")
-	require.Contains(t, buf.String(), "ratelimit: Redis may evict live counts")
+	require.Contains(t, buf.String(), `msg="ratelimit: Redis may evict live counts"`)
+
+	// a server that refuses the scripts is not an outage the failure policy decided
+	buf.Reset()
+	h = newLogHandler(time.Now)
+	h.Handle(context.Background(), "", fmt.Errorf("%w: NOPERM", ErrMisconfigured))
+	require.Contains(t, buf.String(), "every call fails until it is reconfigured")
+	require.NotContains(t, buf.String(), "the failure policy decided")
 }
 
 // The default error handler logs one line when Redis fails, then at most

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/keys"
@@ -13,7 +12,7 @@ import (
 // newLogHandler returns New's default error handler, its failures paced
 // by now.
 func newLogHandler(now func() time.Time) *logs.Handler {
-	return &logs.Handler{Now: now, Once: func(err error) bool { return errors.Is(err, ErrEvictionPolicy) }}
+	return &logs.Handler{Now: now, Eviction: ErrEvictionPolicy, Misconfigured: ErrMisconfigured}
 }
 
 // MaxLimits is maxLimits, for the tests of package ratelimit_test.

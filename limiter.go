@@ -4,7 +4,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -259,8 +258,7 @@ func New(client redis.UniversalClient, opts ...Option) *Limiter {
 		l.local = local.New(cfg.replicas)
 	}
 	if l.onError == nil {
-		once := func(err error) bool { return errors.Is(err, ErrEvictionPolicy) }
-		l.onError = (&logs.Handler{Now: time.Now, Once: once}).Handle // real time: WithClock's may stand still
+		l.onError = (&logs.Handler{Now: time.Now, Eviction: ErrEvictionPolicy, Misconfigured: ErrMisconfigured}).Handle // real time: WithClock's may stand still
 	}
 	if !transport.IsNil(client) {
 		l.t = transport.New(client, transport.Config{

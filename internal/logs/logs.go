@@ -6,6 +6,7 @@ package logs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -36,19 +37,23 @@ func (l *Limited) Warn(ctx context.Context, now time.Time, msg string, err error
 // Handler is the Limiter's default error handler: it logs through slog's
 // default logger, failures at most once every Every (Limited), so that a
 // Redis outage under load gives a line every few seconds rather than one
-// per request, and a warning that Once picks out every time (one given once
-// per server). It logs no id: ids are often addresses or API keys.
+// per request, and an Eviction warning (given once per server) every time.
+// It logs no id: ids are often addresses or API keys.
 type Handler struct {
-	Now  func() time.Time // paces the failures' lines
-	Once func(err error) bool
+	Now           func() time.Time // paces the failures' lines
+	Eviction      error            // the warning of a server that may evict counts
+	Misconfigured error            // a server that refuses what the Limiter sends: no failure policy decides
 	Limited
 }
 
 // Handle logs err, an error of id's call.
 func (h *Handler) Handle(ctx context.Context, _ string, err error) {
-	if h.Once(err) {
-		slog.Default().WarnContext(ctx, "ratelimit: a warning", "error", err)
-		return
+	switch {
+	case errors.Is(err, h.Eviction):
+		slog.Default().WarnContext(ctx, "ratelimit: Redis may evict live counts", "error", err)
+	case errors.Is(err, h.Misconfigured):
+		h.Warn(ctx, h.Now(), "ratelimit: Redis refuses what the Limiter sends; every call fails until it is reconfigured", err)
+	default:
+		h.Warn(ctx, h.Now(), "ratelimit: Redis failed; the failure policy decided", err)
 	}
-	h.Warn(ctx, h.Now(), "ratelimit: Redis failed; the failure policy decided", err)
 }
