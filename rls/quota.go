@@ -57,8 +57,12 @@ type QuotaOption func(*quotaOptions)
 
 type quotaOptions struct {
 	ttl, fill, report, abandon time.Duration
-	maxBuckets                 int
-	metrics                    *QuotaMetrics
+	// delay bounds how long a message takes between Envoy and the service,
+	// either way: an assignment sent at t reaches Envoy by t+delay, and a
+	// report received at t was made after t-delay. The bound assumes it.
+	delay      time.Duration
+	maxBuckets int
+	metrics    *QuotaMetrics
 	// ticker makes the stream's ticks: tests drive them by hand
 	ticker func() (<-chan time.Time, func())
 }
@@ -89,6 +93,16 @@ func WithQuotaAbandonAfter(d time.Duration) QuotaOption {
 	return func(o *quotaOptions) { o.abandon = d }
 }
 
+// WithQuotaMessageDelay sets the longest a message takes between Envoy and
+// the service, either way (1 s by default): the bound assumes no
+// assignment reaches Envoy later, and no report was made earlier, than
+// that. A shorter one gives back sooner what Envoy left unused; one Envoy
+// may exceed lets it spend tokens not counted. It is at least 1 ms and at
+// most 1 s.
+func WithQuotaMessageDelay(d time.Duration) QuotaOption {
+	return func(o *quotaOptions) { o.delay = d }
+}
+
 // WithQuotaMaxBuckets bounds the buckets of one stream (1000 by default): a
 // report of one more ends the stream with RESOURCE_EXHAUSTED.
 func WithQuotaMaxBuckets(n int) QuotaOption { return func(o *quotaOptions) { o.maxBuckets = n } }
@@ -103,7 +117,7 @@ func WithQuotaMetrics(m *QuotaMetrics) QuotaOption { return func(o *quotaOptions
 // at least 1 s is an error, as is a bucket bound below 1.
 func NewQuotaServer(l *ratelimit.Limiter, config func() *Config, opts ...QuotaOption) (*QuotaServer, error) {
 	o := quotaOptions{ttl: 10 * time.Second, fill: time.Second, report: 5 * time.Second,
-		abandon: 30 * time.Second, maxBuckets: 1000}
+		abandon: 30 * time.Second, delay: time.Second, maxBuckets: 1000}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -114,6 +128,9 @@ func NewQuotaServer(l *ratelimit.Limiter, config func() *Config, opts ...QuotaOp
 		if d.d < time.Second || d.d%time.Second != 0 {
 			return nil, errors.New("rls: the quota " + d.name + " " + d.d.String() + " is not a whole number of seconds of at least 1s")
 		}
+	}
+	if o.delay < time.Millisecond || o.delay > time.Second {
+		return nil, errors.New("rls: the quota's message delay " + o.delay.String() + " is not between 1ms and 1s")
 	}
 	if o.maxBuckets < 1 {
 		return nil, errors.New("rls: the quota's bucket bound " + strconv.Itoa(o.maxBuckets) + " is below 1")
@@ -394,7 +411,7 @@ func (s *quotaStream) reported(ctx context.Context, u *usage, now time.Time) {
 		b.past[i].spent(n)
 	}
 	b.led.spent(n)
-	s.settle(ctx, b, now.Add(-delivery), now)
+	s.settle(ctx, b, now.Add(-s.q.opts.delay), now)
 }
 
 // settle gives back what b's ledgers hold that neither reports showed
@@ -435,6 +452,17 @@ func (b *quotaBucket) retire() {
 	b.led = ledger{}
 }
 
+// spending reports whether Envoy may have spent tokens of an ended unit of
+// b after its last report was made.
+func (b *quotaBucket) spending() bool {
+	for i := range b.past {
+		if len(b.past[i].terms) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // assign returns b's action as of now, counting in Redis what it lets
 // Envoy spend; nil when there is none to send now.
 func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, now time.Time) *rlqs.RateLimitQuotaResponse_BucketAction {
@@ -465,7 +493,15 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 		b.retire()
 		b.led = newLedger(countID, limit, now)
 	}
-	ttl := min(q.opts.ttl, unitEnd.Sub(now.Add(delivery)).Truncate(time.Second))
+	if b.spending() {
+		// Envoy may spend an ended unit's tokens after its last report was
+		// made: a token bucket of this unit now would make the next report
+		// one sum of both, which no unit could be sure was its own. The
+		// first report made after the last of them ended assigns it.
+		b.due = time.Time{}
+		return nil
+	}
+	ttl := min(q.opts.ttl, unitEnd.Sub(now.Add(q.opts.delay)).Truncate(time.Second))
 	if ttl < time.Second {
 		b.due = unitEnd // too little of the unit left: the next one's first assignment
 		return nil
@@ -479,10 +515,14 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 	}
 	// a renewal of the token bucket Envoy holds keeps its tokens: only the
 	// fills of the time it adds are new
-	if live != nil && b.last != nil && b.lastShape == sh && tokenBucket(b.last) && now.Add(delivery).Before(live.expires) {
-		end := now.Add(ttl + delivery)
+	if live != nil && b.last != nil && b.lastShape == sh && tokenBucket(b.last) && now.Add(q.opts.delay).Before(live.expires) {
+		end := now.Add(ttl + q.opts.delay)
 		if n := satMul(sh.fill, fills(end.Sub(live.end), q.opts.fill)); !end.After(live.end) || s.count(ctx, b, n) {
 			live.end, live.expires = later(end, live.end), later(now.Add(ttl), live.expires)
+			// the fills were counted whole, and Envoy refills continuously:
+			// what the term as a whole cannot supply comes back now, not at
+			// the next report
+			s.settleLedger(ctx, &b.led, b.lastReport.Add(-q.opts.delay))
 			return s.tokenBucket(b, sh, ttl, now)
 		}
 	}
@@ -513,7 +553,7 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 func (s *quotaStream) rebind(ctx context.Context, b *quotaBucket, countID string, limit ratelimit.Limit, now time.Time) {
 	if b.countID != "" {
 		s.endTerm(b, now)
-		s.settle(ctx, b, b.lastReport.Add(-delivery), now)
+		s.settle(ctx, b, b.lastReport.Add(-s.q.opts.delay), now)
 		b.retire()
 		b.group.leave(b)
 		b.group = nil
@@ -528,7 +568,7 @@ func (s *quotaStream) rebind(ctx context.Context, b *quotaBucket, countID string
 // an action sent now.
 func (s *quotaStream) endTerm(b *quotaBucket, now time.Time) {
 	if live := b.led.live(); live != nil {
-		if end := now.Add(delivery); end.Before(live.end) {
+		if end := now.Add(s.q.opts.delay); end.Before(live.end) {
 			live.end = end
 		}
 	}
@@ -564,7 +604,7 @@ func (s *quotaStream) remaining(ctx context.Context, b *quotaBucket) (int64, boo
 // fresh starts a new token bucket of b in Envoy, whose tokens were counted.
 func (s *quotaStream) fresh(b *quotaBucket, sh shape, ttl time.Duration, now time.Time) *rlqs.RateLimitQuotaResponse_BucketAction {
 	s.endTerm(b, now)
-	b.led.terms = append(b.led.terms, term{shape: sh, start: now, expires: now.Add(ttl), end: now.Add(ttl + delivery)})
+	b.led.terms = append(b.led.terms, term{shape: sh, start: now, expires: now.Add(ttl), end: now.Add(ttl + s.q.opts.delay)})
 	return s.tokenBucket(b, sh, ttl, now)
 }
 
@@ -591,7 +631,7 @@ func (s *quotaStream) action(b *quotaBucket, strategy *typev3.RateLimitStrategy,
 			AssignmentTimeToLive: durationpb.New(ttl), RateLimitStrategy: strategy,
 		}}}
 	b.last, b.sentAt, b.ttl = a, now, ttl
-	b.due = now.Add(max(ttl-2*delivery, ttl/2))
+	b.due = now.Add(max(ttl-2*s.q.opts.delay, ttl/2))
 	return a
 }
 
@@ -654,7 +694,7 @@ func (s *quotaStream) tick(ctx context.Context) *rlqs.RateLimitQuotaResponse {
 // drop settles b, whose Envoy spends nothing more after its last term,
 // and forgets it.
 func (s *quotaStream) drop(ctx context.Context, b *quotaBucket) {
-	s.settle(ctx, b, b.lastReport.Add(-delivery), s.q.limiter.Now())
+	s.settle(ctx, b, b.lastReport.Add(-s.q.opts.delay), s.q.limiter.Now())
 	if b.group != nil {
 		b.group.leave(b)
 	}

@@ -8,15 +8,11 @@ package rls
 import (
 	"context"
 	"math"
+	"math/bits"
 	"time"
 
 	"github.com/slidingwindow/ratelimit"
 )
-
-// delivery bounds how long a message takes between Envoy and the service,
-// either way: an assignment sent at t reaches Envoy by t+delivery, and a
-// report received at t was made after t-delivery. The bound assumes it.
-const delivery = time.Second
 
 // shape is a token bucket sent to Envoy: it holds up to max tokens, full
 // when Envoy creates it, and gains fill tokens every fill interval.
@@ -35,14 +31,20 @@ type term struct {
 }
 
 // spendable returns the most Envoy may spend from e after from, with
-// tokens refilled every fill: a full bucket and every fill to its end,
-// counted whole.
+// tokens refilled every fill: a full bucket and what refills to its end.
+// Envoy's token bucket refills continuously, fill tokens over each fill
+// interval (its TokenBucketImpl), so a whole token less than that is all
+// it may spend of them.
 func (e *term) spendable(from time.Time, fill time.Duration) int64 {
 	from = later(from, e.start)
 	if !e.end.After(from) {
 		return 0
 	}
-	return satAdd(e.shape.max, satMul(e.shape.fill, fills(e.end.Sub(from), fill)))
+	d := e.end.Sub(from)
+	whole := satMul(e.shape.fill, int64(d/fill))
+	hi, lo := bits.Mul64(uint64(e.shape.fill), uint64(d%fill)) // hi < fill: no overflow
+	part, _ := bits.Div64(hi, lo, uint64(fill))
+	return satAdd(e.shape.max, satAdd(whole, int64(part)))
 }
 
 // fills returns how many fills of length fill d spans, rounded up.
@@ -106,14 +108,12 @@ func (l *ledger) live() *term {
 	return &l.terms[len(l.terms)-1]
 }
 
-// spent attributes n reported spent to the unit. Envoy reports in one sum
-// what it spent across the end of a unit, of the ended unit's token
-// bucket and then of the next one's, and which took how much is not in
-// the report: each unit takes all of it it can. That only holds back
-// give-backs, never gives back a token spent: a unit given less than it
-// spent would give back what its Envoy spent. What both took of one
-// report stays counted in one of them (at most one report period's
-// spending a unit); a bucket that spent nothing loses nothing.
+// spent attributes n reported spent to the unit, at most what it counted
+// and was not shown spent. A unit's first token bucket is sent only at a
+// report made after the last one of the unit before had ended (assign
+// waits for it), so no report is a sum of two units' spending: the unit
+// that could not have spent any of it has counted nothing yet, and takes
+// none.
 func (l *ledger) spent(n int64) {
 	l.attributed = min(satAdd(l.attributed, n), l.counted)
 }

@@ -188,9 +188,15 @@ func TestQuotaWindowEnd(t *testing.T) {
 	require.Empty(t, resp.BucketAction, "no whole second is left of the window")
 	require.Empty(t, s.tick(ctx).BucketAction)
 
+	// Envoy may spend the last window's bucket to 59.5s, after the last
+	// report was made (from 58s): the next window's waits for a report
+	// made after it, lest one report be a sum of both
 	f.at(60*time.Second + 100*time.Millisecond)
-	resp = s.tick(ctx)
-	require.Len(t, resp.BucketAction, 1, "the next window's assignment as it starts")
+	require.Empty(t, s.tick(ctx).BucketAction)
+	f.at(61 * time.Second)
+	resp, err = s.report(ctx, reports("rlqs", usageOf(1, 0, 0, "tenant", "acme")))
+	require.NoError(t, err)
+	require.Len(t, resp.BucketAction, 1, "the next window's assignment at the first report made after the last one's bucket ended")
 	_, ttl = bucketOf(t, resp.BucketAction[0])
 	require.Equal(t, 10*time.Second, ttl)
 }
@@ -376,28 +382,28 @@ func TestQuotaUnitSettled(t *testing.T) {
 	resp, err := s.report(ctx, reports("rlqs", usageOf(4, 0, 4*time.Second, "strict", "acme")))
 	require.NoError(t, err)
 	require.Empty(t, resp.BucketAction, "no whole second is left of the unit")
-	// 4 spent; after the report (made from 4.5s) Envoy may spend 3 and the
-	// fills to 6s, 3×2: 2 given back
-	require.Equal(t, int64(13), f.count(t, "strict", "acme"))
+	// 4 spent; after the report (made from 4.5s) Envoy may spend 3 and
+	// what refills to 6s, 3×1.5: 4 given back
+	require.Equal(t, int64(11), f.count(t, "strict", "acme"))
 
+	// Envoy may spend the last unit's bucket after the last report was
+	// made: the next unit's waits for a report made after it ended
 	f.at(6*time.Second + 100*time.Millisecond)
-	resp = s.tick(ctx)
-	require.Len(t, resp.BucketAction, 1, "the next unit's assignment as it starts")
-	tb, ttl := bucketOf(t, resp.BucketAction[0])
-	require.Equal(t, uint32(2), tb.GetTokensPerFill().GetValue(), "1/s of demand, and half again")
-	require.Equal(t, 4*time.Second, ttl)
-	require.Equal(t, int64(13+2+2*4), f.count(t, "strict", "acme"))
+	require.Empty(t, s.tick(ctx).BucketAction)
 
-	// 2 spent, of either unit: each takes them. The report was made from
-	// 6.5s, after the last unit's bucket ended: of its 13, the 4 and the 2
-	// reported stay, 7 come back. The new unit keeps its 10 (its bucket
-	// started after 6.5s: all of it may still be spent), and the renewal
-	// to 11.5s adds a fill of 2.
+	// 2 spent, all of the last unit: the report was made from 6.5s, after
+	// its bucket ended, and the next unit's had not started. Of its 11,
+	// the 4 and the 2 reported stay, 5 come back; the next unit's bucket
+	// (1/s of demand and half again, a TTL to 3s before its end at 12s)
+	// counts 2 + 2×3.
 	f.at(7*time.Second + 500*time.Millisecond)
 	resp, err = s.report(ctx, reports("rlqs", usageOf(2, 0, 2*time.Second, "strict", "acme")))
 	require.NoError(t, err)
-	require.Len(t, resp.BucketAction, 1)
-	require.Equal(t, int64(6+10+2), f.count(t, "strict", "acme"))
+	require.Len(t, resp.BucketAction, 1, "the next unit's assignment")
+	tb, ttl := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, uint32(2), tb.GetTokensPerFill().GetValue(), "1/s of demand, and half again")
+	require.Equal(t, 3*time.Second, ttl)
+	require.Equal(t, int64(6+2+2*3), f.count(t, "strict", "acme"))
 	require.Empty(t, s.buckets["6:strict4:acme"].past, "the last unit is settled")
 }
 

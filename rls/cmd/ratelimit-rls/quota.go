@@ -12,7 +12,7 @@ import (
 )
 
 // quotaOptions reads the RLS_QUOTA_* settings from env: durations in whole
-// seconds, such as 10s; a value that does not parse is an error naming the
+// seconds, such as 10s, but for RLS_QUOTA_MESSAGE_DELAY (1ms to 1s); a value that does not parse is an error naming the
 // variable.
 func quotaOptions(env func(string) (string, bool)) ([]rls.QuotaOption, error) {
 	var opts []rls.QuotaOption
@@ -36,6 +36,16 @@ func quotaOptions(env func(string) (string, bool)) ([]rls.QuotaOption, error) {
 			continue
 		}
 		opts = append(opts, d.opt(t))
+	}
+	if v, ok := env("RLS_QUOTA_MESSAGE_DELAY"); ok && v != "" {
+		// the longest a message takes either way: not whole seconds, as a
+		// loopback's is far less than one
+		t, err := time.ParseDuration(v)
+		if err != nil || t < time.Millisecond || t > time.Second {
+			errs = append(errs, fmt.Sprintf("RLS_QUOTA_MESSAGE_DELAY=%q is not a duration from 1ms to 1s such as 200ms", v))
+		} else {
+			opts = append(opts, rls.WithQuotaMessageDelay(t))
+		}
 	}
 	if v, ok := env("RLS_QUOTA_MAX_BUCKETS"); ok && v != "" {
 		n, err := strconv.Atoi(v)

@@ -56,7 +56,9 @@ const (
 	rlqsAbandon = 3 * time.Second
 )
 
-var rlqsEnv = []string{"RLS_QUOTA_TTL=3s", "RLS_QUOTA_FILL_INTERVAL=1s", "RLS_QUOTA_REPORT_INTERVAL=1s", "RLS_QUOTA_ABANDON_AFTER=3s"}
+var rlqsEnv = []string{"RLS_QUOTA_TTL=3s", "RLS_QUOTA_FILL_INTERVAL=1s", "RLS_QUOTA_REPORT_INTERVAL=1s", "RLS_QUOTA_ABANDON_AFTER=3s",
+	// the longest a message takes on loopback, with room for a busy machine
+	"RLS_QUOTA_MESSAGE_DELAY=50ms"}
 
 // acme is the bucket every scenario's Envoys share.
 var acme = map[string]string{"tenant": "acme"}
@@ -755,7 +757,6 @@ func TestHarnessEnvoyQuirks(t *testing.T) {
 // rlqs domain's rule, and a look at the rule's count.
 type rlqsRig struct {
 	svcs  []*service
-	run   *harnessRun
 	match *rls.Match
 	peek  func(context.Context) (int64, error)
 }
