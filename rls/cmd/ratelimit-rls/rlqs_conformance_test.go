@@ -54,11 +54,13 @@ const (
 	rlqsTTL     = 3 * time.Second
 	rlqsPeriod  = time.Second // RLS_QUOTA_REPORT_INTERVAL, and the Envoys' reporting interval
 	rlqsAbandon = 3 * time.Second
+	// RLS_QUOTA_MESSAGE_DELAY: the longest a message takes on loopback,
+	// with room for a busy machine
+	rlqsDelay = 50 * time.Millisecond
 )
 
 var rlqsEnv = []string{"RLS_QUOTA_TTL=3s", "RLS_QUOTA_FILL_INTERVAL=1s", "RLS_QUOTA_REPORT_INTERVAL=1s", "RLS_QUOTA_ABANDON_AFTER=3s",
-	// the longest a message takes on loopback, with room for a busy machine
-	"RLS_QUOTA_MESSAGE_DELAY=50ms"}
+	"RLS_QUOTA_MESSAGE_DELAY=" + rlqsDelay.String()}
 
 // acme is the bucket every scenario's Envoys share.
 var acme = map[string]string{"tenant": "acme"}
@@ -105,6 +107,7 @@ type harnessRun struct {
 	limit  ratelimit.Limit
 	bucket string
 	period time.Duration // the Envoys' reporting interval: the slack where timing matters
+	delay  time.Duration // the message delay δ the server is told to assume (RLS_QUOTA_MESSAGE_DELAY)
 	envoys []*emulatedEnvoy
 	peek   func(context.Context) (int64, error)
 
@@ -113,8 +116,8 @@ type harnessRun struct {
 	errs    []error
 }
 
-func newHarnessRun(limit ratelimit.Limit, period time.Duration, peek func(context.Context) (int64, error), envoys ...*emulatedEnvoy) *harnessRun {
-	return &harnessRun{limit: limit, bucket: bucketKey(acme), period: period, envoys: envoys, peek: peek}
+func newHarnessRun(limit ratelimit.Limit, period, delay time.Duration, peek func(context.Context) (int64, error), envoys ...*emulatedEnvoy) *harnessRun {
+	return &harnessRun{limit: limit, bucket: bucketKey(acme), period: period, delay: delay, envoys: envoys, peek: peek}
 }
 
 // sample looks at the count (cost 0: Peek counts nothing).
@@ -248,14 +251,31 @@ func (r *harnessRun) checkCountedFirst() verdict {
 // checkGiveBack: once demand has stopped (from is when, plus the bound the
 // server documents), the count holds no more than what the Envoys
 // admitted in the window, what their assignments in force could still
-// admit, and, for each stream that ended under an Envoy, what its
-// assignments could still admit at the last report it sent (the server
-// cannot know what was spent after it): at least one sample at or after
-// from must show that. The least of the samples, because a grant the
-// server has counted and not yet sent is in the count a moment before it
-// is in an Envoy's potential; a share kept is in every sample.
+// admit, the transit term below, and, for each stream that ended under an
+// Envoy, what its assignments could still admit from the last report it
+// sent (the server cannot know what was spent after it): at least one
+// sample at or after from must show that. The least of the samples,
+// because a grant the server has counted and not yet sent is in the count
+// a moment before it is in an Envoy's potential; a share kept is in every
+// sample.
+//
+// The transit term is 2δ × rate for each live token bucket, δ the message
+// delay the server is told to assume: no right server can give it back
+// while the bucket lives. A report received at R may have been made as
+// early as R−δ, and what the Envoy admits after it made it is unknown
+// until the next report: at R the server must keep counted all it may
+// spend from R−δ on. An assignment sent at S may reach the Envoy as late
+// as S+δ, and its TTL runs from then: the server must keep counted what
+// refills until S+δ+TTL. So after R it keeps at least max + rate ×
+// (S+δ+TTL − (R−δ)), which a greedy Envoy can spend if the delays are as
+// long as allowed. On loopback the harness sees the report made at R and
+// the assignment applied at S, and its potential is at most max + rate ×
+// (S+TTL − R): 2δ × rate less, whatever the server does. (For a bucket
+// spent faster than it fills, its tokens, not max, start the sum; the
+// difference is the same.) An ended stream's allowance is reckoned the
+// same way: from its last report less δ to its assignment's expiry plus δ.
 func (r *harnessRun) checkGiveBack(from time.Time) verdict {
-	least, n, tolerance := math.Inf(1), 0, 0.0
+	least, n, transit, tolerance := math.Inf(1), 0, 0.0, 0.0
 	var counts []int64
 	for _, s := range r.samples {
 		if s.at.Before(from) {
@@ -263,16 +283,30 @@ func (r *harnessRun) checkGiveBack(from time.Time) verdict {
 		}
 		n++
 		counts = append(counts, s.count)
+		transit = r.potentialKept(s.at) - r.potential(s.at)
 		tolerance = r.unknowable(s.at)
-		upper := float64(r.admitted(s.at.Add(-r.limit.Window), s.at)) + r.potential(s.at) + tolerance
+		upper := float64(r.admitted(s.at.Add(-r.limit.Window), s.at)) + r.potential(s.at) + transit + tolerance
 		least = min(least, float64(s.count)-upper)
 	}
-	return verdict{name: "given back", condition: fmt.Sprintf("from %s: min over samples of count - (admitted + could still admit + %v for streams ended) <= 0", r.clock(from), tolerance),
+	return verdict{name: "given back",
+		condition: fmt.Sprintf("from %s: min over samples of count - (admitted + could still admit + %v for 2δ × rate of live assignments, δ %v + %v for streams ended, from their last report - δ) <= 0",
+			r.clock(from), transit, r.delay, tolerance),
 		measured: fmt.Sprintf("%v over %d samples (counts %v)", least, n, counts), ok: n > 0 && least <= 0}
 }
 
+// potentialKept is potential with each live assignment's fills counted for
+// 2δ more: what a right server keeps counted of them (checkGiveBack).
+func (r *harnessRun) potentialKept(t time.Time) float64 {
+	p := 0.0
+	for _, e := range r.envoys {
+		p += e.stateAt(r.bucket, t).potentialAfter(t, 2*r.delay)
+	}
+	return p
+}
+
 // unknowable is, for the streams that ended under the Envoys by t, what
-// their assignments could still admit at the last report sent on each.
+// their assignments could still admit from the last report sent on each
+// less δ until their expiry plus δ (checkGiveBack).
 func (r *harnessRun) unknowable(t time.Time) float64 {
 	sum := 0.0
 	for _, e := range r.envoys {
@@ -284,7 +318,7 @@ func (r *harnessRun) unknowable(t time.Time) float64 {
 			if last.IsZero() {
 				last = k.at
 			}
-			sum += e.stateAt(r.bucket, last).potential(last)
+			sum += e.stateAt(r.bucket, last).potentialAfter(last, 2*r.delay)
 		}
 	}
 	return sum
@@ -528,7 +562,9 @@ func runAgainstFake(t *testing.T, fault fakeFault) (*harnessRun, []verdict) {
 		e.setDemand(acme, rate)
 		envoys = append(envoys, e)
 	}
-	run := newHarnessRun(match.Rule.Limit, time.Second, func(ctx context.Context) (int64, error) {
+	// the fake's messages take no time on this clock; the live runs' δ is
+	// allowed all the same, to show that its term hides no share kept
+	run := newHarnessRun(match.Rule.Limit, time.Second, rlqsDelay, func(ctx context.Context) (int64, error) {
 		res, err := limiter.Peek(ctx, match.ID, match.Rule.Limit)
 		return res.Count, err
 	}, envoys...)
@@ -613,7 +649,7 @@ func TestHarnessLive(t *testing.T) {
 		e.setDemand(acme, rate)
 		envoys = append(envoys, e)
 	}
-	run := newHarnessRun(match.Rule.Limit, time.Second, func(ctx context.Context) (int64, error) {
+	run := newHarnessRun(match.Rule.Limit, time.Second, rlqsDelay, func(ctx context.Context) (int64, error) {
 		res, err := limiter.Peek(ctx, match.ID, match.Rule.Limit)
 		return res.Count, err
 	}, envoys...)
@@ -841,7 +877,7 @@ func firstReport(domain string, buckets ...map[string]string) *rlqspb.RateLimitQ
 // waits until d after the start.
 func (rig *rlqsRig) live(t *testing.T, envoys []*emulatedEnvoy) (*harnessRun, time.Time, func(time.Duration)) {
 	t.Helper()
-	run := newHarnessRun(rig.match.Rule.Limit, rlqsPeriod, rig.peek, envoys...)
+	run := newHarnessRun(rig.match.Rule.Limit, rlqsPeriod, rlqsDelay, rig.peek, envoys...)
 	start, until := runLive(t, run)
 	return run, start, until
 }

@@ -65,7 +65,11 @@ type bucketState struct {
 // potential is what a greedy Envoy could still admit from t on under the
 // assignment of s (s.at <= t, nothing admitted in between): the tokens it
 // would hold at t plus the fills until the assignment expires.
-func (s bucketState) potential(t time.Time) float64 {
+func (s bucketState) potential(t time.Time) float64 { return s.potentialAfter(t, 0) }
+
+// potentialAfter is potential with the fills counted for extra past the
+// expiry, for an assignment still in force at t.
+func (s bucketState) potentialAfter(t time.Time, extra time.Duration) float64 {
 	if s.kind == stateNone || s.kind == stateDenyAll || !t.Before(s.expires) {
 		return 0
 	}
@@ -73,7 +77,7 @@ func (s bucketState) potential(t time.Time) float64 {
 		return math.Inf(1)
 	}
 	tokens := math.Min(s.max, s.tokens+s.rate*t.Sub(s.at).Seconds())
-	return math.Floor(tokens + s.rate*s.expires.Sub(t).Seconds())
+	return math.Floor(tokens + s.rate*(s.expires.Sub(t)+extra).Seconds())
 }
 
 // assignmentRecord is one bucket action as the emulator applied it.
