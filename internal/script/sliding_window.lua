@@ -19,7 +19,7 @@
 -- whose numbers differ: 5.4 keeps integers apart from floats, and its `/`
 -- always gives a float. Counts and arguments are integers there, exact in
 -- 64 bits, and the few computed numbers are made so that each version gets
--- the same value: previous * left is taken as a float (+ 0.0: nothing in
+-- the same value: previous * left is taken as a float (+ 0.0: an addition in
 -- 5.1), since a count above the rate (a charge's) times the window can pass
 -- 2^63, where 5.4's integers wrap and 5.1's doubles round; floor returns an
 -- integer in 5.4, so every number the script writes or replies is an
