@@ -14,6 +14,18 @@
 --   current + floor(previous * left / window) + cost <= rate.
 -- Go validates rate * window <= 2^53, so the product is exact in Lua's
 -- doubles. A strict limit admits it when the sum of its keys + cost <= rate.
+--
+-- The script runs alike under Lua 5.1 (Redis, Valkey) and 5.4 (Dragonfly),
+-- whose numbers differ: 5.4 keeps integers apart from floats, and its `/`
+-- always gives a float. Counts and arguments are integers there, exact in
+-- 64 bits, and the few computed numbers are made so that each version gets
+-- the same value: previous * left is taken as a float (+ 0.0: an addition in
+-- 5.1), since a count above the rate (a charge's) times the window can pass
+-- 2^63, where 5.4's integers wrap and 5.1's doubles round; floor returns an
+-- integer in 5.4, so every number the script writes or replies is an
+-- integer there, and string.format('%d', ...) takes it (5.4 refuses only a
+-- float with a fraction, which the script never makes; 5.1 formats a double
+-- up to 2^53 exactly). unpack is table.unpack in 5.4.
 -- Allowed, each limit's current key grows by the cost: INCRBY keeps the TTL
 -- of a key that exists; a new key (in the short form, also one at 0, given
 -- back) is SET with its TTL, which outlives every window that reads it.
@@ -128,7 +140,7 @@ if #argv == 5 and ttl ~= '0' and ttl ~= '1' then
     -- the previous window weighs nothing when it is empty: its time left
     -- and the window are read only when it is not
     local used = cur
-    if prev > 0 then used = cur + floor(prev * tonumber(argv[5]) / tonumber(argv[2])) end
+    if prev > 0 then used = cur + floor(prev * (tonumber(argv[5]) + 0.0) / tonumber(argv[2])) end
     if used + cost <= tonumber(argv[1]) then
       -- a key at 0 is new or was given back: its TTL may start again
       if cur > 0 then
@@ -144,6 +156,8 @@ if #argv == 5 and ttl ~= '0' and ttl ~= '1' then
   end
   return {ok, cur, prev}
 end
+
+local unpack = table.unpack or unpack
 
 -- parse returns the count a stored string holds, or -1 (the short form
 -- for one request says why so).
@@ -211,7 +225,7 @@ if ttl ~= '0' and ttl ~= '1' then
     local cost, ok = argv[a], 0
     if cost == '1' then cost = 1 else cost = tonumber(cost) end
     local used = cur
-    if prev > 0 then used = cur + floor(prev * tonumber(argv[a + 1]) / window) end
+    if prev > 0 then used = cur + floor(prev * (tonumber(argv[a + 1]) + 0.0) / window) end
     if cost > 0 and cur >= 0 and prev >= 0 and used + cost <= rate then
       if cur > 0 then
         call('INCRBY', keys[per * i - per + 1], argv[a])
@@ -299,7 +313,7 @@ for _ = 1, num(argv[1]) do
       usage = usage + c
     end
     if window > 0 then -- c is the previous window's count
-      usage = usage - c + floor(c * weight / window)
+      usage = usage - c + floor(c * (weight + 0.0) / window)
     end
     if need > 0 and usage + need > rate then allowed = false end
     if need > rate then never = true end
@@ -333,7 +347,7 @@ for _ = 1, num(argv[1]) do
       if leased then
         local usage = cur
         if window > 0 then
-          usage = usage + floor(reply[r + 1] * num(argv[a + 1]) / window)
+          usage = usage + floor(reply[r + 1] * (num(argv[a + 1]) + 0.0) / window)
         else
           for j = r + 1, r + nk - 1 do usage = usage + reply[j] end
         end
