@@ -234,6 +234,9 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 	}
 	if overRules > 0 || quotaRules > 0 && overQuotaRules == quotaRules {
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		if overRules == 0 {
+			s.unCount(ctx, quotas, results)
+		}
 	}
 	if s.opts.dynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, ds, passed)
@@ -262,6 +265,19 @@ func (s *Server) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rate
 		}
 	}
 	return resp, nil
+}
+
+// unCount gives back what a request refused because every quota_mode
+// descriptor of it was over had counted under the limits that are not
+// Shadow (quota_mode and shadow_mode ones are, and count as if alone): a
+// request over is counted under none of its descriptors. A give-back that
+// fails leaves the count higher, the safe side; the Limiter reported it.
+func (s *Server) unCount(ctx context.Context, quotas []ratelimit.Quota, results []ratelimit.Result) {
+	for i, q := range quotas {
+		if r := results[i]; !q.Limit.Shadow && r.Allowed && !r.Degraded {
+			_ = s.limiter.Refund(ctx, q.ID, []ratelimit.Result{r}, q.Cost)
+		}
+	}
 }
 
 // binds reports whether status a, rather than b, is the one the headers

@@ -494,6 +494,14 @@ func TestQuotaModeDecision(t *testing.T) {
 	r = f.ask(t, 0, desc("tokens", "t"), desc("backup", "b"))
 	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OVER_LIMIT}, codesOf(r))
 	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+
+	// refused as its quotas are over, a request is counted under none of
+	// its descriptors: the user's rule, which admitted it, gives it back
+	r = f.ask(t, 0, desc("tokens", "t"), desc("user", "bob"))
+	require.Equal(t, []pb.RateLimitResponse_Code{pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OK}, codesOf(r))
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	r = f.ask(t, 0, desc("user", "bob"))
+	require.Equal(t, uint32(1), r.Statuses[0].LimitRemaining, "1 of 2 counted: this one; the refused one given back")
 }
 
 // QUOTA_MODE puts every rule in quota mode: the request is over only when
