@@ -574,13 +574,21 @@ func (e *emulatedEnvoy) admittedIn(k string, from, to time.Time) int {
 	return hi - lo
 }
 
-// share is bucket k's assignment in force at t as (fill rate, max
-// tokens): (0, 0) for none or DENY_ALL, +Inf for ALLOW_ALL.
+// share is the assignment bucket k last received by t, in force or run
+// out, as (fill rate, max tokens): (0, 0) for none or DENY_ALL, +Inf for
+// ALLOW_ALL. Run out counts: between a strict limit's sub-windows the
+// service leaves a bucket without an assignment for up to a report
+// period (docs/envoy.md), which changes no share.
 func (e *emulatedEnvoy) share(k string, t time.Time) (rate, maxTokens float64) {
-	s := e.stateAt(k, t)
-	if !t.Before(s.expires) {
+	h := e.history[k]
+	i := sort.Search(len(h), func(i int) bool { return h[i].at.After(t) })
+	for i > 0 && h[i-1].kind == stateNone {
+		i--
+	}
+	if i == 0 {
 		return 0, 0
 	}
+	s := h[i-1]
 	switch s.kind {
 	case stateAllowAll:
 		return math.Inf(1), math.Inf(1)
