@@ -122,6 +122,13 @@ func replayLeased(client *redis.Client, c leaseConfig, reqs []request, servers i
 		limiters[i] = ratelimit.New(client, ratelimit.WithPrefix(prefix), ratelimit.WithTimeout(time.Minute),
 			ratelimit.WithClock(func() time.Time { return time.UnixMilli(now.Load()) }), ratelimit.WithObserver(obs))
 	}
+	defer func() { // Close ends each Limiter's lease sweeper; its give-backs are no decisions: calls keeps the replay's
+		n := calls.Load()
+		for _, l := range limiters {
+			_ = l.Close(context.Background())
+		}
+		calls.Store(n)
+	}()
 	lim := ratelimit.Limit{Rate: c.Rate, Window: time.Duration(c.Window) * time.Millisecond, Leased: leased}
 	rng := rand.New(rand.NewPCG(c.Seed, uint64(servers)))
 	judge := newSlidingJudge(c.Rate, c.Window)

@@ -8,13 +8,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the run if a test left a goroutine behind, but for the
-// library's lease sweeper, which ends by itself a second after the last
-// leased decision.
+// TestMain fails the run if a test left a goroutine behind (the leased
+// replays close their Limiters, which ends their lease sweepers).
 //
 // go-redis's logger is silenced: a Redis that goes away makes it log every
 // failed dial, lines that would bury a failing test's FAIL lines.
 func TestMain(m *testing.M) {
 	redis.SetLogger(&logging.VoidLogger{})
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/slidingwindow/ratelimit/internal/lease.(*Table).run"))
+	goleak.VerifyTestMain(m)
 }
