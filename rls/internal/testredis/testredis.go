@@ -48,20 +48,30 @@ func Program(t testing.TB) (server, cli string) {
 // also takes the source ports of outgoing connections: a port freed there
 // was seen taken by a connection before the process it was meant for
 // could bind it, with many tests at once (the reference then exits with
-// "address already in use"). Here only another FreePort can take it.
+// "address already in use"). Here only another FreePort can take it. The
+// port 10,000 above it, a Cluster node's bus port, is free too, and below
+// that range as well (a Cluster node of valkey-server whose bus port fell
+// in that range once did not start).
 func FreePort(t testing.TB) int {
 	t.Helper()
 	for range 1000 {
-		port := 20000 + rand.IntN(12000)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
+		port := 20000 + rand.IntN(2700)
+		if free(port) && free(port+10000) {
+			return port
 		}
-		ln.Close()
-		return port
 	}
-	t.Fatal("no free port between 20000 and 32000")
+	t.Fatal("no free port between 20000 and 22700 with its bus port free")
 	return 0
+}
+
+// free reports whether port can be bound on loopback now.
+func free(port int) bool {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
 }
 
 // Server is a server this package started.
