@@ -52,6 +52,9 @@ type QuotaServer struct {
 	groups  map[string]*shareGroup
 }
 
+// quotaTick is how often a stream looks for buckets to abandon or renew.
+const quotaTick = 250 * time.Millisecond
+
 // A QuotaOption configures a QuotaServer.
 type QuotaOption func(*quotaOptions)
 
@@ -137,7 +140,7 @@ func NewQuotaServer(l *ratelimit.Limiter, config func() *Config, opts ...QuotaOp
 	}
 	if o.ticker == nil {
 		o.ticker = func() (<-chan time.Time, func()) {
-			t := time.NewTicker(250 * time.Millisecond)
+			t := time.NewTicker(quotaTick)
 			return t.C, t.Stop
 		}
 	}
@@ -631,7 +634,10 @@ func (s *quotaStream) action(b *quotaBucket, strategy *typev3.RateLimitStrategy,
 			AssignmentTimeToLive: durationpb.New(ttl), RateLimitStrategy: strategy,
 		}}}
 	b.last, b.sentAt, b.ttl = a, now, ttl
-	b.due = now.Add(max(ttl-2*s.q.opts.delay, ttl/2))
+	// renewed while it surely reaches Envoy before its timer ends it: else
+	// Envoy may start a full bucket where it would have kept its tokens,
+	// and the renewal must count one
+	b.due = now.Add(max(ttl-2*s.q.opts.delay-quotaTick, ttl/2))
 	return a
 }
 

@@ -201,6 +201,41 @@ func TestQuotaWindowEnd(t *testing.T) {
 	require.Equal(t, 10*time.Second, ttl)
 }
 
+// A tick renews an assignment while the renewal surely reaches Envoy
+// before its timer ends the bucket, so Envoy keeps its tokens and only the
+// fills of the added time are counted; a renewal that may come after
+// would have to count a full bucket more.
+func TestQuotaTickRenewsInTime(t *testing.T) {
+	f := newQuotaFixture(t, WithQuotaTTL(time.Second), WithQuotaMessageDelay(50*time.Millisecond))
+	s := f.q.newStream()
+	ctx := context.Background()
+	f.at(10 * time.Second)
+	resp, err := s.report(ctx, reports("rlqs", usageOf(2, 0, 0, "tenant", "acme")))
+	require.NoError(t, err)
+	tb, ttl := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, time.Second, ttl)
+	per := int64(tb.GetTokensPerFill().GetValue())
+	require.Equal(t, 2*per, f.count(t, "tenant", "acme"), "a full bucket and a fill")
+	// ticks every quotaTick: the first that renews does it before 10.95s,
+	// when a renewal sent could reach Envoy after its bucket expired
+	for at := 10*time.Second + quotaTick; ; at += quotaTick {
+		f.at(at)
+		resp := s.tick(ctx)
+		if len(resp.BucketAction) == 0 {
+			require.Less(t, at, time.Second*11, "no renewal before the bucket expired")
+			continue
+		}
+		require.Less(t, at+50*time.Millisecond, 11*time.Second, "renewed at %v: it may reach Envoy after 11s", at)
+		tb2, _ := bucketOf(t, resp.BucketAction[0])
+		require.Equal(t, tb.GetTokensPerFill().GetValue(), tb2.GetTokensPerFill().GetValue(), "the same bucket: Envoy keeps its tokens")
+		// one full bucket, and the fills from the report (made from 9.95s)
+		// to the renewal's end (its TTL and δ)
+		fills := float64(per) * (at + time.Second + 50*time.Millisecond - 9950*time.Millisecond).Seconds()
+		require.Equal(t, per+int64(fills), f.count(t, "tenant", "acme"), "the renewal counts the fills of the time it adds, no second full bucket")
+		break
+	}
+}
+
 func TestQuotaBinding(t *testing.T) {
 	ctx := context.Background()
 	t.Run("domain", func(t *testing.T) {
