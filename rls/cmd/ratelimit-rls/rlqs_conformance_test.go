@@ -59,8 +59,8 @@ const (
 	rlqsDelay = 50 * time.Millisecond
 )
 
-var rlqsEnv = []string{"RLS_QUOTA_TTL=3s", "RLS_QUOTA_FILL_INTERVAL=1s", "RLS_QUOTA_REPORT_INTERVAL=1s", "RLS_QUOTA_ABANDON_AFTER=3s",
-	"RLS_QUOTA_MESSAGE_DELAY=" + rlqsDelay.String()}
+var rlqsEnv = []string{"RLS_QUOTA_TTL=" + rlqsTTL.String(), "RLS_QUOTA_FILL_INTERVAL=1s", "RLS_QUOTA_REPORT_INTERVAL=" + rlqsPeriod.String(),
+	"RLS_QUOTA_ABANDON_AFTER=" + rlqsAbandon.String(), "RLS_QUOTA_MESSAGE_DELAY=" + rlqsDelay.String()}
 
 // acme is the bucket every scenario's Envoys share.
 var acme = map[string]string{"tenant": "acme"}
@@ -249,33 +249,28 @@ func (r *harnessRun) checkCountedFirst() verdict {
 }
 
 // checkGiveBack: once demand has stopped (from is when, plus the bound the
-// server documents), the count holds no more than what the Envoys
-// admitted in the window, what their assignments in force could still
-// admit, the transit term below, and, for each stream that ended under an
-// Envoy, what its assignments could still admit from the last report it
-// sent (the server cannot know what was spent after it): at least one
-// sample at or after from must show that. The least of the samples,
-// because a grant the server has counted and not yet sent is in the count
-// a moment before it is in an Envoy's potential; a share kept is in every
-// sample.
+// server documents), the count holds no more than what a server that
+// gives back all it can must keep: at least one sample at or after from
+// must show that (the least of them, because a grant the server has
+// counted is in the count a moment before the Envoy applies it, and a
+// report is in the Envoy's record a moment before the server reads it).
 //
-// The transit term is 2δ × rate for each live token bucket, δ the message
-// delay the server is told to assume: no right server can give it back
-// while the bucket lives. A report received at R may have been made as
-// early as R−δ, and what the Envoy admits after it made it is unknown
-// until the next report: at R the server must keep counted all it may
-// spend from R−δ on. An assignment sent at S may reach the Envoy as late
-// as S+δ, and its TTL runs from then: the server must keep counted what
-// refills until S+δ+TTL. So after R it keeps at least max + rate ×
-// (S+δ+TTL − (R−δ)), which a greedy Envoy can spend if the delays are as
-// long as allowed. On loopback the harness sees the report made at R and
-// the assignment applied at S, and its potential is at most max + rate ×
-// (S+TTL − R): 2δ × rate less, whatever the server does. (For a bucket
-// spent faster than it fills, its tokens, not max, start the sum; the
-// difference is the same.) An ended stream's allowance is reckoned the
-// same way: from its last report less δ to its assignment's expiry plus δ.
+// What it must keep, of each Envoy, is reckoned from the last report the
+// Envoy made by the sample, because the server knows nothing newer: what
+// the Envoy admitted by then, and the most a greedy Envoy could admit
+// after it under the assignments it held then and applied since (reach).
+// Each bound of that stretch may move by the message delay δ the server
+// is told to assume: a report received at R may have been made at R−δ,
+// and an assignment sent at S may reach the Envoy at S+δ and run its TTL
+// from then. The tokens the Envoy held at its report are a full bucket,
+// less what its admissions since the bucket started show it cannot hold,
+// since a report says what was admitted, not what is left. A stream that
+// ended (killed, or its Envoy gone) adds what its Envoy could admit after
+// its last report on it under the assignments it got on it: no report
+// will say what it spent, and a reconnecting Envoy is a new stream to the
+// server (nothing in the protocol names it).
 func (r *harnessRun) checkGiveBack(from time.Time) verdict {
-	least, n, transit, tolerance := math.Inf(1), 0, 0.0, 0.0
+	least, n, ended := math.Inf(1), 0, 0.0
 	var counts []int64
 	for _, s := range r.samples {
 		if s.at.Before(from) {
@@ -283,45 +278,42 @@ func (r *harnessRun) checkGiveBack(from time.Time) verdict {
 		}
 		n++
 		counts = append(counts, s.count)
-		transit = r.potentialKept(s.at) - r.potential(s.at)
-		tolerance = r.unknowable(s.at)
-		upper := float64(r.admitted(s.at.Add(-r.limit.Window), s.at)) + r.potential(s.at) + transit + tolerance
-		least = min(least, float64(s.count)-upper)
+		keep := 0.0
+		ended = 0
+		for _, e := range r.envoys {
+			keep += r.mustKeep(e, s.at)
+			for _, k := range e.kills {
+				if !k.at.After(s.at) {
+					last := k.lastSend
+					if last.IsZero() {
+						last = k.at
+					}
+					ended += e.reach(r.bucket, last, k.at, r.delay)
+				}
+			}
+		}
+		least = min(least, float64(s.count)-keep-ended)
 	}
 	return verdict{name: "given back",
-		condition: fmt.Sprintf("from %s: min over samples of count - (admitted + could still admit + %v for 2δ × rate of live assignments, δ %v + %v for streams ended, from their last report - δ) <= 0",
-			r.clock(from), transit, r.delay, tolerance),
+		condition: fmt.Sprintf("from %s: min over samples of count - (per Envoy: admitted by its last report + the most it could admit after it, δ %v each side + %v for streams ended, after their last report) <= 0",
+			r.clock(from), r.delay, ended),
 		measured: fmt.Sprintf("%v over %d samples (counts %v)", least, n, counts), ok: n > 0 && least <= 0}
 }
 
-// potentialKept is potential with each live assignment's fills counted for
-// 2δ more: what a right server keeps counted of them (checkGiveBack).
-func (r *harnessRun) potentialKept(t time.Time) float64 {
-	p := 0.0
-	for _, e := range r.envoys {
-		p += e.stateAt(r.bucket, t).potentialAfter(t, 2*r.delay)
+// mustKeep is what of e a server that gives back all it can keeps counted
+// at t, but for the streams that ended (checkGiveBack): what e admitted in
+// the window by its last report, and the most it could admit after it on
+// a stream still open at t.
+func (r *harnessRun) mustKeep(e *emulatedEnvoy, t time.Time) float64 {
+	last := e.lastReport(t)
+	if last.IsZero() {
+		return float64(e.admittedIn(r.bucket, t.Add(-r.limit.Window), t)) + e.stateAt(r.bucket, t).potential(t)
 	}
-	return p
-}
-
-// unknowable is, for the streams that ended under the Envoys by t, what
-// their assignments could still admit from the last report sent on each
-// less δ until their expiry plus δ (checkGiveBack).
-func (r *harnessRun) unknowable(t time.Time) float64 {
-	sum := 0.0
-	for _, e := range r.envoys {
-		for _, k := range e.kills {
-			if k.at.After(t) {
-				continue
-			}
-			last := k.lastSend
-			if last.IsZero() {
-				last = k.at
-			}
-			sum += e.stateAt(r.bucket, last).potentialAfter(last, 2*r.delay)
-		}
+	keep := float64(e.admittedIn(r.bucket, t.Add(-r.limit.Window), last))
+	if slices.ContainsFunc(e.kills, func(k killRecord) bool { return !k.at.After(t) && !k.at.Before(last) }) {
+		return keep // the stream it went on has ended: its rest is the ended streams' part
 	}
-	return sum
+	return keep + e.reach(r.bucket, last, t, r.delay)
 }
 
 // verdicts are the bound's checks, and with quiet non-zero the give-back
@@ -386,34 +378,49 @@ func (r *harnessRun) logTable(t *testing.T, vs []verdict) {
 	t.Log("\n" + b.String())
 }
 
-// report logs the table and fails t for each check that failed, but
-// "given back": the service does not meet it yet (issue 45 stays open
-// for it: a stream that ended, and a report sampled just before the
-// give-back of the next, leave a few tokens over), so a miss is logged
-// as NOT MET unless RLQS_REQUIRE_GIVEBACK=1 makes it fail. Every bound
-// check fails the test.
+// report logs the table and fails t for each check that failed.
 func (r *harnessRun) report(t *testing.T, vs []verdict) {
 	t.Helper()
 	r.logTable(t, vs)
 	for _, v := range vs {
-		switch {
-		case v.ok:
-		case v.name == "given back" && os.Getenv("RLQS_REQUIRE_GIVEBACK") != "1":
-			t.Logf("NOT MET (issue 45 open; RLQS_REQUIRE_GIVEBACK=1 fails on it): %s: %s; measured %s", v.name, v.condition, v.measured)
-		default:
+		if !v.ok {
 			t.Errorf("%s: %s; measured %s", v.name, v.condition, v.measured)
 		}
 	}
 }
 
-// checkSkew: at t, the Envoy with the larger demand has the larger share:
-// its fill rate is higher, or equal with more max_tokens (no assignment
-// and DENY_ALL are a share of 0).
-func checkSkew(big, small *emulatedEnvoy, bucket string, t time.Time) verdict {
-	br, bm := big.share(bucket, t)
-	sr, sm := small.share(bucket, t)
-	return verdict{name: "skew", condition: fmt.Sprintf("at %s: %s's (rate, max_tokens) > %s's, compared rate first", t.Format("15:04:05.000"), big.name, small.name),
-		measured: fmt.Sprintf("(%v, %v) vs (%v, %v)", br, bm, sr, sm), ok: br > sr || (br == sr && bm > sm)}
+// checkSkew: from within two report periods after both Envoys first
+// reported until end, the Envoy with the larger demand has the larger
+// share: its fill rate is higher, or equal with more max_tokens (no
+// assignment and DENY_ALL are a share of 0). It measures when that began.
+func checkSkew(big, small *emulatedEnvoy, bucket string, period time.Duration, end time.Time) verdict {
+	larger := func(t time.Time) bool {
+		br, bm := big.share(bucket, t)
+		sr, sm := small.share(bucket, t)
+		return br > sr || (br == sr && bm > sm)
+	}
+	if len(big.sends) == 0 || len(small.sends) == 0 {
+		return verdict{name: "skew", condition: "both Envoys reported", measured: "one never did"}
+	}
+	reported := later(big.sends[0], small.sends[0]) // both Envoys' first reports
+	ts := append(big.times(bucket), small.times(bucket)...)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	var since time.Time
+	for _, t := range ts {
+		switch {
+		case t.After(end):
+		case !larger(t):
+			since = time.Time{}
+		case since.IsZero():
+			since = t
+		}
+	}
+	measured := "never held to the end"
+	if !since.IsZero() {
+		measured = fmt.Sprintf("held from %v after both first reported (%.2f periods)", since.Sub(reported).Round(time.Millisecond), since.Sub(reported).Seconds()/period.Seconds())
+	}
+	return verdict{name: "skew", condition: fmt.Sprintf("%s's (rate, max_tokens) > %s's, compared rate first, from within 2 report periods after both first reported to the end", big.name, small.name),
+		measured: measured, ok: !since.IsZero() && !since.After(reported.Add(2*period))}
 }
 
 // --- the harness checked against fakes ---
@@ -785,6 +792,24 @@ func TestHarnessEnvoyQuirks(t *testing.T) {
 			BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}}}, at(0))
 		require.NotNil(t, e.request(acme, at(0)), "a new bucket: its first report again")
 	})
+	t.Run("reach: what a server that last heard at a report must keep", func(t *testing.T) {
+		const d = 100 * time.Millisecond
+		e := newBucket()
+		e.apply(tb(5, 2, time.Second, 3*time.Second), at(0))
+		admits(e, at(500*time.Millisecond), 5)
+		// made at 1 s: 5 spent of 5 + 2 a second, so at most 2 held from
+		// 0.9 s (not a full bucket), and 2 a second to 3.1 s
+		require.Equal(t, math.Floor(5+2*0.9-5+2*2.2), e.reach(k, at(time.Second), at(time.Second), d))
+		// an extension applied well before the expiry keeps the bucket
+		e.apply(tb(5, 2, time.Second, 3*time.Second), at(2*time.Second))
+		require.Equal(t, math.Floor(5+2*0.9-5+2*4.2), e.reach(k, at(time.Second), at(2*time.Second), d), "to 5.1 s")
+		// one within δ of the expiry may find it expired: a full bucket
+		e.apply(tb(5, 2, time.Second, 3*time.Second), at(4950*time.Millisecond))
+		require.Equal(t, math.Floor(5+2*0.9-5+2*(4.95+0.1-0.9))+math.Floor(5+2*3.1), e.reach(k, at(time.Second), at(5*time.Second), d))
+		// an Envoy gone is no end the server can know of
+		e.history[k] = append(e.history[k], bucketState{at: at(6 * time.Second), gone: true})
+		require.Equal(t, e.reach(k, at(time.Second), at(5*time.Second), d), e.reach(k, at(time.Second), at(7*time.Second), d))
+	})
 	t.Run("potential", func(t *testing.T) {
 		e := newBucket()
 		e.apply(tb(5, 2, time.Second, 3*time.Second), at(0))
@@ -962,8 +987,8 @@ func TestRLQSBound(t *testing.T) {
 }
 
 // Two Envoys asking 5 a second; at 4 s one of them stops asking (its
-// stream stays): within its TTL and two report periods, with a period of
-// slack, what it was granted and did not use is back.
+// stream stays): within two report periods (sampled for one more) what
+// it was granted and can no longer use is back.
 func TestRLQSGiveBack(t *testing.T) {
 	rig := newRLQSRig(t, 1)
 	a := newEnvoy(t, "idle", rlqsClient(t, rig.svcs[0]), rlqsDomain, rlqsPeriod, time.Now)
@@ -973,14 +998,14 @@ func TestRLQSGiveBack(t *testing.T) {
 	run, start, until := rig.live(t, []*emulatedEnvoy{a, b})
 	until(4 * time.Second)
 	a.setDemand(acme, 0)
-	quiet := start.Add(4*time.Second + rlqsTTL + 3*rlqsPeriod)
-	until(quiet.Sub(start) + 2*time.Second)
+	quiet := start.Add(4*time.Second + 2*rlqsPeriod)
+	until(quiet.Sub(start) + rlqsPeriod)
 	run.report(t, finish(t, run, quiet))
 }
 
-// Envoys asking 18 and 2 a second of one bucket: two report periods
-// after they start (and one of slack), and at the end, the one asking 18
-// has the larger share.
+// Envoys asking 18 and 2 a second of one bucket: from within two report
+// periods after both first reported until the end, the one asking 18 has
+// the larger share.
 func TestRLQSSkew(t *testing.T) {
 	rig := newRLQSRig(t, 1)
 	big := newEnvoy(t, "90%", rlqsClient(t, rig.svcs[0]), rlqsDomain, rlqsPeriod, time.Now)
@@ -991,18 +1016,17 @@ func TestRLQSSkew(t *testing.T) {
 	until(8 * time.Second)
 	vs := finish(t, run, time.Time{})
 	k := bucketKey(acme)
-	vs = append(vs, checkSkew(big, small, k, start.Add(4*rlqsPeriod)), checkSkew(big, small, k, start.Add(8*time.Second-50*time.Millisecond)))
+	vs = append(vs, checkSkew(big, small, k, rlqsPeriod, start.Add(8*time.Second-50*time.Millisecond)))
 	run.report(t, vs)
 }
 
 // Three Envoys asking 4 a second: at 4 s one's stream is killed (it
 // lives on, keeps its assignment, and reopens the stream at its next
 // report); at 5 s another is gone with its stream. The bound holds
-// throughout; within the TTL, RLS_QUOTA_ABANDON_AFTER and two report
-// periods (one of slack) the gone one's unused share is back, and the
-// reopened stream is not counted twice: the count is no more than what
-// was admitted, what is held, and what the ended streams' last reports
-// could not tell.
+// throughout; within two report periods (sampled for one more) the gone
+// one's unused share is back, and the reopened stream is not counted
+// twice: the count is no more than what was admitted, what is held, and
+// what the ended streams' last reports could not tell.
 func TestRLQSStreamKilled(t *testing.T) {
 	rig := newRLQSRig(t, 1)
 	var envoys []*emulatedEnvoy
@@ -1016,8 +1040,8 @@ func TestRLQSStreamKilled(t *testing.T) {
 	envoys[1].killStream()
 	until(5 * time.Second)
 	envoys[2].stop()
-	quiet := start.Add(5*time.Second + rlqsTTL + rlqsAbandon + 3*rlqsPeriod)
-	until(quiet.Sub(start) + 2*time.Second)
+	quiet := start.Add(5*time.Second + 2*rlqsPeriod)
+	until(quiet.Sub(start) + rlqsPeriod)
 	vs := finish(t, run, quiet)
 	killed := slices.IndexFunc(envoys[1].kills, func(k killRecord) bool { return !k.at.Before(start.Add(4 * time.Second)) })
 	reopened := verdict{name: "reopened", condition: "the killed Envoy's stream reopened: an assignment applied after the kill",

@@ -60,6 +60,9 @@ type bucketState struct {
 	max     float64
 	rate    float64 // tokens a second; +Inf for a fill_interval under 1 s
 	expires time.Time
+	// gone marks the Envoy's end (stop): it admits nothing more, which no
+	// server can know
+	gone bool
 }
 
 // potential is what a greedy Envoy could still admit from t on under the
@@ -145,8 +148,9 @@ type emulatedEnvoy struct {
 	cancelAll  context.CancelFunc
 	stream     rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient
 	cancel     context.CancelFunc
-	tried      bool // the stream was opened once (Envoy opens it at the first bucket)
-	lastSend   time.Time
+	tried      bool        // the stream was opened once (Envoy opens it at the first bucket)
+	lastSend   time.Time   // when the last report sent on the stream was made
+	sends      []time.Time // when each report sent was made, on any stream
 	stopped    bool
 	buckets    map[string]*envoyBucket
 	demand     map[string]*demand
@@ -217,6 +221,7 @@ func (e *emulatedEnvoy) run(ctx context.Context, step time.Duration) {
 type outgoing struct {
 	msg      *rlqspb.RateLimitQuotaUsageReports
 	periodic bool
+	made     time.Time // its counters' end: admissions after it are in the next report
 }
 
 // tick tries the demand due by now, then sends the periodic report if
@@ -240,12 +245,12 @@ func (e *emulatedEnvoy) tick(now time.Time) {
 		for range max(due, 0) {
 			d.tried++
 			if m := e.request(d.id, now); m != nil {
-				out = append(out, outgoing{msg: m})
+				out = append(out, outgoing{msg: m, made: now})
 			}
 		}
 	}
 	if !e.nextReport.IsZero() && !now.Before(e.nextReport) {
-		out = append(out, outgoing{msg: e.report(now), periodic: true})
+		out = append(out, outgoing{msg: e.report(now), periodic: true, made: now})
 		e.nextReport = now.Add(e.period) // Envoy re-arms its timer when it fires
 	}
 	for k, b := range e.buckets {
@@ -363,7 +368,8 @@ func (e *emulatedEnvoy) send(o outgoing) {
 	}
 	e.mu.Lock()
 	e.sent++
-	e.lastSend = e.now()
+	e.lastSend = o.made
+	e.sends = append(e.sends, o.made)
 	e.mu.Unlock()
 }
 
@@ -516,7 +522,7 @@ func (e *emulatedEnvoy) stop() {
 		e.killLocked()
 		e.stopped = true
 		for k := range e.buckets {
-			e.history[k] = append(e.history[k], bucketState{at: now})
+			e.history[k] = append(e.history[k], bucketState{at: now, gone: true})
 		}
 		e.cancelAll()
 	}
@@ -605,4 +611,86 @@ func (e *emulatedEnvoy) times(k string) []time.Time {
 		ts = append(ts, s.at)
 	}
 	return slices.Compact(ts)
+}
+
+// lastReport is when the last report the Envoy sent by t was made (zero:
+// none).
+func (e *emulatedEnvoy) lastReport(t time.Time) time.Time {
+	i := sort.Search(len(e.sends), func(i int) bool { return e.sends[i].After(t) })
+	if i == 0 {
+		return time.Time{}
+	}
+	return e.sends[i-1]
+}
+
+// reach is the most a greedy Envoy could admit of bucket k after a report
+// it made at from, as a server that has heard nothing from it since must
+// reckon it: from δ before from (the report may have taken δ to arrive),
+// under the assignment in force then and each it applied by until (to its
+// expiry as of until), each until δ after it was replaced or ended (so may
+// the next have taken δ; an extension that would then have come after
+// the bucket expired starts a full one), as if the Envoy lived on. What the Envoy held δ
+// before from is a full bucket, less what its admissions since the bucket
+// started show it cannot hold: no report tells a server more.
+func (e *emulatedEnvoy) reach(k string, from, until time.Time, delta time.Duration) float64 {
+	h := e.history[k]
+	start := from.Add(-delta)
+	i := sort.Search(len(h), func(i int) bool { return h[i].at.After(start) })
+	cur := bucketState{at: start}
+	if i > 0 && start.Before(h[i-1].expires) {
+		cur = h[i-1]
+	}
+	tokens := cur.tokens
+	if cur.kind == stateTokens {
+		j := i - 1
+		for j > 0 && h[j-1].seg == cur.seg {
+			j--
+		}
+		started := h[j].at
+		tokens = math.Min(cur.max, cur.max+cur.rate*start.Sub(started).Seconds()-float64(e.admittedIn(k, started, start)))
+	}
+	total := 0.0
+	add := func(s bucketState, tokens float64, start, end time.Time) {
+		switch {
+		case s.kind == stateAllowAll || (s.kind == stateTokens && math.IsInf(s.rate, 1)):
+			total = math.Inf(1)
+		case s.kind == stateTokens && end.After(start):
+			total += math.Floor(tokens + s.rate*end.Sub(start).Seconds())
+		}
+	}
+	for _, s := range h[i:] {
+		if s.at.After(until) {
+			break
+		}
+		if s.gone {
+			continue // the server cannot know the Envoy is gone
+		}
+		if s.seg == cur.seg && (!s.expires.After(cur.expires) || s.at.Add(delta).Before(cur.expires)) {
+			cur.expires = later(cur.expires, s.expires) // the same bucket, its TTL extended
+			continue
+		}
+		if s.seg == cur.seg {
+			// an extension that, δ later, would have found the bucket
+			// expired and started a full one: the server cannot know
+			s.tokens = s.max
+		}
+		add(cur, tokens, start, earlier(s.at, cur.expires).Add(delta))
+		cur, tokens, start = s, s.tokens, s.at
+	}
+	add(cur, tokens, start, cur.expires.Add(delta))
+	return total
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
