@@ -533,11 +533,13 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 	if s.count(ctx, b, satAdd(sh.max, satMul(sh.fill, n))) {
 		return s.fresh(b, sh, ttl, now)
 	}
-	// less is left than its share: as much as is left, if Redis says
+	// less is left than its share: its demand's part of what is left, if
+	// Redis says, so that the buckets reporting after it get theirs
 	left, ok := s.remaining(ctx, b)
 	if !ok {
 		return nil // Redis could not count: Envoy's assignment runs out, its expired_assignment_behavior decides
 	}
+	left = int64(float64(left) * b.group.part(b))
 	if f := min(left/(n+1), math.MaxUint32); f >= 1 {
 		if sh := (shape{max: f, fill: f}); s.count(ctx, b, f*(n+1)) {
 			return s.fresh(b, sh, ttl, now)
@@ -786,6 +788,21 @@ func (g *shareGroup) set(b *quotaBucket, d float64) {
 	g.mu.Lock()
 	g.demand[b] = d
 	g.mu.Unlock()
+}
+
+// part returns b's part of the group's demand (all of it when there is
+// none).
+func (g *shareGroup) part(b *quotaBucket) float64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var total float64
+	for _, d := range g.demand {
+		total += d
+	}
+	if total <= 0 {
+		return 1
+	}
+	return g.demand[b] / total
 }
 
 // share returns the rate, a second, that b may be assigned of rate: its

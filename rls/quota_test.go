@@ -402,6 +402,41 @@ func TestQuotaRebalance(t *testing.T) {
 // TestQuotaUnitSettled: what a unit (here a strict minute's sub-window of
 // 6 s) counted and its Envoy did not spend comes back at the first report
 // made after its last token bucket ended, though a new unit has started.
+// When Redis has less left than a share needs, a bucket gets its demand's
+// part of what is left, not all of it: the buckets that report after it
+// get theirs.
+func TestQuotaShortSharedByDemand(t *testing.T) {
+	f := newQuotaFixture(t)
+	ctx := context.Background()
+	a, b := f.q.newStream(), f.q.newStream()
+	f.at(time.Second)
+	for _, r := range []struct {
+		s      *quotaStream
+		denied uint64
+	}{{a, 90}, {b, 10}} {
+		_, err := r.s.report(ctx, reports("rlqs", usageOf(0, r.denied, 0, "tenant", "acme")))
+		require.NoError(t, err)
+	}
+	// a alone in the group has the whole rate, 10 a second; then b a tenth
+	require.Equal(t, int64(10+10*10+1+1*10), f.count(t, "tenant", "acme"), "a full bucket and 10 fills each")
+	m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
+	_, err := f.l.AllowN(ctx, m.ID, m.Rule.Limit, 600-121-8)
+	require.NoError(t, err)
+
+	// both buckets expired and spent whole: 8 left, which neither share fits
+	f.at(13 * time.Second)
+	resp, err := b.report(ctx, reports("rlqs", usageOf(11, 109, 12*time.Second, "tenant", "acme")))
+	require.NoError(t, err)
+	require.Equal(t, typev3.RateLimitStrategy_DENY_ALL, resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule(),
+		"a tenth of 8 is no token: it leaves the 8 to the bucket asking nine tenths")
+	resp, err = a.report(ctx, reports("rlqs", usageOf(110, 970, 12*time.Second, "tenant", "acme")))
+	require.NoError(t, err)
+	tb, ttl := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, uint32(1), tb.GetTokensPerFill().GetValue())
+	require.Equal(t, 6*time.Second, ttl, "nine tenths of 8 is 7: a full bucket of 1 and 6 fills")
+	require.Equal(t, int64(600-1), f.count(t, "tenant", "acme"))
+}
+
 func TestQuotaUnitSettled(t *testing.T) {
 	f := newQuotaFixture(t)
 	ctx := context.Background()
