@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit"
+	"github.com/slidingwindow/ratelimit/rls/internal/testredis"
 )
 
 const rlqsConfig = `
@@ -55,10 +56,15 @@ type quotaFixture struct {
 
 func newQuotaFixture(t *testing.T, opts ...QuotaOption) *quotaFixture {
 	t.Helper()
+	return newQuotaFixtureOn(t, miniredis.RunT(t).Addr(), opts...)
+}
+
+// newQuotaFixtureOn is newQuotaFixture on the Redis at addr.
+func newQuotaFixtureOn(t *testing.T, addr string, opts ...QuotaOption) *quotaFixture {
+	t.Helper()
 	f := &quotaFixture{cfg: load(t, rlqsConfig)}
 	f.now.Store(epoch.UnixMilli())
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = c.Close() })
 	f.l = ratelimit.New(c, ratelimit.WithClock(func() time.Time { return time.UnixMilli(f.now.Load()) }), ratelimit.WithTimeout(time.Minute))
 	t.Cleanup(func() { _ = f.l.Close(context.Background()) })
@@ -206,7 +212,12 @@ func TestQuotaWindowEnd(t *testing.T) {
 // fills of the added time are counted; a renewal that may come after
 // would have to count a full bucket more.
 func TestQuotaTickRenewsInTime(t *testing.T) {
-	f := newQuotaFixture(t, WithQuotaTTL(time.Second), WithQuotaMessageDelay(50*time.Millisecond))
+	opts := []QuotaOption{WithQuotaTTL(time.Second), WithQuotaMessageDelay(50 * time.Millisecond)}
+	t.Run("miniredis", func(t *testing.T) { tickRenewsInTime(t, newQuotaFixture(t, opts...)) })
+	t.Run("redis-server", func(t *testing.T) { tickRenewsInTime(t, newQuotaFixtureOn(t, testredis.Start(t).Addr, opts...)) })
+}
+
+func tickRenewsInTime(t *testing.T, f *quotaFixture) {
 	s := f.q.newStream()
 	ctx := context.Background()
 	f.at(10 * time.Second)
@@ -406,7 +417,11 @@ func TestQuotaRebalance(t *testing.T) {
 // part of what is left, not all of it: the buckets that report after it
 // get theirs.
 func TestQuotaShortSharedByDemand(t *testing.T) {
-	f := newQuotaFixture(t)
+	t.Run("miniredis", func(t *testing.T) { shortSharedByDemand(t, newQuotaFixture(t)) })
+	t.Run("redis-server", func(t *testing.T) { shortSharedByDemand(t, newQuotaFixtureOn(t, testredis.Start(t).Addr)) })
+}
+
+func shortSharedByDemand(t *testing.T, f *quotaFixture) {
 	ctx := context.Background()
 	a, b := f.q.newStream(), f.q.newStream()
 	f.at(time.Second)

@@ -389,26 +389,22 @@ func (r *harnessRun) report(t *testing.T, vs []verdict) {
 	}
 }
 
-// checkSkew: from within two report periods after both Envoys first
-// reported until end, the Envoy with the larger demand has the larger
-// share: its fill rate is higher, or equal with more max_tokens (no
-// assignment and DENY_ALL are a share of 0). It measures when that began.
-func checkSkew(big, small *emulatedEnvoy, bucket string, period time.Duration, end time.Time) verdict {
+// checkSkew: from within two report periods after from until end, the
+// Envoy with the larger demand has the larger share: its fill rate is
+// higher, or equal with more max_tokens (no assignment and DENY_ALL are a
+// share of 0). It measures when that began.
+func checkSkew(big, small *emulatedEnvoy, bucket string, period time.Duration, from, end time.Time) verdict {
 	larger := func(t time.Time) bool {
 		br, bm := big.share(bucket, t)
 		sr, sm := small.share(bucket, t)
 		return br > sr || (br == sr && bm > sm)
 	}
-	if len(big.sends) == 0 || len(small.sends) == 0 {
-		return verdict{name: "skew", condition: "both Envoys reported", measured: "one never did"}
-	}
-	reported := later(big.sends[0], small.sends[0]) // both Envoys' first reports
 	ts := append(big.times(bucket), small.times(bucket)...)
 	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
 	var since time.Time
 	for _, t := range ts {
 		switch {
-		case t.After(end):
+		case t.Before(from) || t.After(end):
 		case !larger(t):
 			since = time.Time{}
 		case since.IsZero():
@@ -417,10 +413,19 @@ func checkSkew(big, small *emulatedEnvoy, bucket string, period time.Duration, e
 	}
 	measured := "never held to the end"
 	if !since.IsZero() {
-		measured = fmt.Sprintf("held from %v after both first reported (%.2f periods)", since.Sub(reported).Round(time.Millisecond), since.Sub(reported).Seconds()/period.Seconds())
+		measured = fmt.Sprintf("held from %v on (%.2f periods)", since.Sub(from).Round(time.Millisecond), since.Sub(from).Seconds()/period.Seconds())
 	}
-	return verdict{name: "skew", condition: fmt.Sprintf("%s's (rate, max_tokens) > %s's, compared rate first, from within 2 report periods after both first reported to the end", big.name, small.name),
-		measured: measured, ok: !since.IsZero() && !since.After(reported.Add(2*period))}
+	return verdict{name: "skew", condition: fmt.Sprintf("from within 2 report periods after %s to %s, %s's (rate, max_tokens) > %s's, compared rate first",
+		from.Format("15:04:05.000"), end.Format("15:04:05.000"), big.name, small.name),
+		measured: measured, ok: !since.IsZero() && !since.After(from.Add(2*period))}
+}
+
+// firstReports is when both Envoys had first reported: nil when one had not.
+func firstReports(a, b *emulatedEnvoy) (time.Time, bool) {
+	if len(a.sends) == 0 || len(b.sends) == 0 {
+		return time.Time{}, false
+	}
+	return later(a.sends[0], b.sends[0]), true
 }
 
 // --- the harness checked against fakes ---
@@ -1003,20 +1008,35 @@ func TestRLQSGiveBack(t *testing.T) {
 	run.report(t, finish(t, run, quiet))
 }
 
-// Envoys asking 18 and 2 a second of one bucket: from within two report
-// periods after both first reported until the end, the one asking 18 has
-// the larger share.
+// Envoys asking 18 and 2 a second of one bucket, swapped 7.5 s in: from
+// within two report periods after both first reported until the swap,
+// and after the swap until the end, the one asking more has the larger
+// share. The run starts 0.5 s into one of the strict rule's sub-windows,
+// so the swap comes 2 s into the next and the two periods after it end
+// before the sub-window does: a unit's end holds every share back until
+// the next unit's first assignments (docs/envoy.md, "The bound"), a
+// report period or so.
 func TestRLQSSkew(t *testing.T) {
 	rig := newRLQSRig(t, 1)
 	big := newEnvoy(t, "90%", rlqsClient(t, rig.svcs[0]), rlqsDomain, rlqsPeriod, time.Now)
 	small := newEnvoy(t, "10%", rlqsClient(t, rig.svcs[0]), rlqsDomain, rlqsPeriod, time.Now)
+	sub := (rig.match.Rule.Limit.Window / ratelimit.StrictSubWindows).Milliseconds()
+	next := time.UnixMilli((time.Now().UnixMilli()/sub + 1) * sub)
+	time.Sleep(time.Until(next.Add(500 * time.Millisecond))) // real time: the service's sub-windows are its clock's
 	big.setDemand(acme, 18)
 	small.setDemand(acme, 2)
 	run, start, until := rig.live(t, []*emulatedEnvoy{big, small})
-	until(8 * time.Second)
+	until(7500 * time.Millisecond)
+	swap := time.Now()
+	big.setDemand(acme, 2)
+	small.setDemand(acme, 18)
+	until(10400 * time.Millisecond)
 	vs := finish(t, run, time.Time{})
 	k := bucketKey(acme)
-	vs = append(vs, checkSkew(big, small, k, rlqsPeriod, start.Add(8*time.Second-50*time.Millisecond)))
+	first, ok := firstReports(big, small)
+	vs = append(vs, verdict{name: "first reports", condition: "both Envoys reported", measured: fmt.Sprint(ok), ok: ok},
+		checkSkew(big, small, k, rlqsPeriod, first, swap),
+		checkSkew(small, big, k, rlqsPeriod, swap, start.Add(10400*time.Millisecond-50*time.Millisecond)))
 	run.report(t, vs)
 }
 
