@@ -511,35 +511,55 @@ func (s *quotaStream) assign(ctx context.Context, cfg *Config, b *quotaBucket, n
 	}
 	want := b.group.share(b, float64(limit.Rate)/span.Seconds())
 	f := min(max(1, int64(math.Ceil(want*q.opts.fill.Seconds()))), limit.Rate, math.MaxUint32)
-	sh := shape{max: f, fill: f}
-	live := b.led.live()
-	if old := b.lastShape.fill; live != nil && 4*abs(f-old) <= old {
-		sh = b.lastShape // a share that barely moved keeps Envoy's bucket
+	n := fills(ttl, q.opts.fill)
+	// near the limit (Redis lately had less left than a share of the group
+	// needed), no bucket takes more than its demand's part of what is
+	// left, so that the buckets reporting after it get theirs: a small
+	// share that fits would otherwise keep its all, and a large one get
+	// the rest
+	var left int64
+	known := b.group.short(now)
+	if known {
+		l, ok := s.remaining(ctx, b)
+		if !ok {
+			return nil // Redis could not count: Envoy's assignment runs out, its expired_assignment_behavior decides
+		}
+		left = int64(float64(l) * b.group.part(b))
+		f = min(f, left/(n+1))
 	}
-	// a renewal of the token bucket Envoy holds keeps its tokens: only the
-	// fills of the time it adds are new
-	if live != nil && b.last != nil && b.lastShape == sh && tokenBucket(b.last) && now.Add(q.opts.delay).Before(live.expires) {
-		end := now.Add(ttl + q.opts.delay)
-		if n := satMul(sh.fill, fills(end.Sub(live.end), q.opts.fill)); !end.After(live.end) || s.count(ctx, b, n) {
-			live.end, live.expires = later(end, live.end), later(now.Add(ttl), live.expires)
-			// the fills were counted whole, and Envoy refills continuously:
-			// what the term as a whole cannot supply comes back now, not at
-			// the next report
-			s.settleLedger(ctx, &b.led, b.lastReport.Add(-q.opts.delay))
-			return s.tokenBucket(b, sh, ttl, now)
+	if f >= 1 {
+		sh := shape{max: f, fill: f}
+		live := b.led.live()
+		if old := b.lastShape.fill; live != nil && 4*abs(f-old) <= old {
+			sh = b.lastShape // a share that barely moved keeps Envoy's bucket
+		}
+		// a renewal of the token bucket Envoy holds keeps its tokens: only
+		// the fills of the time it adds are new
+		if live != nil && b.last != nil && b.lastShape == sh && tokenBucket(b.last) && now.Add(q.opts.delay).Before(live.expires) {
+			end := now.Add(ttl + q.opts.delay)
+			if n := satMul(sh.fill, fills(end.Sub(live.end), q.opts.fill)); !end.After(live.end) || s.count(ctx, b, n) {
+				live.end, live.expires = later(end, live.end), later(now.Add(ttl), live.expires)
+				// the fills were counted whole, and Envoy refills
+				// continuously: what the term as a whole cannot supply
+				// comes back now, not at the next report
+				s.settleLedger(ctx, &b.led, b.lastReport.Add(-q.opts.delay))
+				return s.tokenBucket(b, sh, ttl, now)
+			}
+		}
+		if s.count(ctx, b, satAdd(sh.max, satMul(sh.fill, n))) {
+			return s.fresh(b, sh, ttl, now)
 		}
 	}
-	n := fills(ttl, q.opts.fill)
-	if s.count(ctx, b, satAdd(sh.max, satMul(sh.fill, n))) {
-		return s.fresh(b, sh, ttl, now)
-	}
 	// less is left than its share: its demand's part of what is left, if
-	// Redis says, so that the buckets reporting after it get theirs
-	left, ok := s.remaining(ctx, b)
-	if !ok {
-		return nil // Redis could not count: Envoy's assignment runs out, its expired_assignment_behavior decides
+	// Redis says
+	b.group.shortUntil(now.Add(2 * q.opts.report))
+	if !known {
+		l, ok := s.remaining(ctx, b)
+		if !ok {
+			return nil // Redis could not count: Envoy's assignment runs out, its expired_assignment_behavior decides
+		}
+		left = int64(float64(l) * b.group.part(b))
 	}
-	left = int64(float64(left) * b.group.part(b))
 	if f := min(left/(n+1), math.MaxUint32); f >= 1 {
 		if sh := (shape{max: f, fill: f}); s.count(ctx, b, f*(n+1)) {
 			return s.fresh(b, sh, ttl, now)
@@ -753,6 +773,8 @@ type shareGroup struct {
 	key    string
 	mu     sync.Mutex
 	demand map[*quotaBucket]float64
+	// until when its buckets take no more than their part of what is left
+	shortEnd time.Time
 }
 
 // join adds b, of demand d, to the group of key.
@@ -788,6 +810,22 @@ func (g *shareGroup) set(b *quotaBucket, d float64) {
 	g.mu.Lock()
 	g.demand[b] = d
 	g.mu.Unlock()
+}
+
+// shortUntil has g's buckets take no more than their part of what is left
+// until t.
+func (g *shareGroup) shortUntil(t time.Time) {
+	g.mu.Lock()
+	g.shortEnd = later(g.shortEnd, t)
+	g.mu.Unlock()
+}
+
+// short reports whether g's buckets take no more than their part of what
+// is left at now.
+func (g *shareGroup) short(now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return now.Before(g.shortEnd)
 }
 
 // part returns b's part of the group's demand (all of it when there is

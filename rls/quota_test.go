@@ -419,6 +419,36 @@ func TestQuotaRebalance(t *testing.T) {
 func TestQuotaShortSharedByDemand(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) { shortSharedByDemand(t, newQuotaFixture(t)) })
 	t.Run("redis-server", func(t *testing.T) { shortSharedByDemand(t, newQuotaFixtureOn(t, testredis.Start(t).Addr)) })
+	t.Run("a small share that fits, near the limit", func(t *testing.T) { shortCapsSmallShares(t, newQuotaFixtureOn(t, testredis.Start(t).Addr)) })
+}
+
+// Once a share did not fit, a small share that would is held to its
+// demand's part of what is left too: else it keeps its all, and the large
+// share that did not fit gets less than it.
+func shortCapsSmallShares(t *testing.T, f *quotaFixture) {
+	ctx := context.Background()
+	a, b := f.q.newStream(), f.q.newStream()
+	f.at(time.Second)
+	_, err := a.report(ctx, reports("rlqs", usageOf(0, 90, 0, "tenant", "acme")))
+	require.NoError(t, err)
+	_, err = b.report(ctx, reports("rlqs", usageOf(0, 10, 0, "tenant", "acme")))
+	require.NoError(t, err)
+	m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
+	_, err = f.l.AllowN(ctx, m.ID, m.Rule.Limit, 600-121-60)
+	require.NoError(t, err)
+
+	// 60 left: a's share of 9 needs 99; its part, nine tenths, is 54: 4 a
+	// second (44); 16 left, b's share of 1 needs 11, its part is 1
+	f.at(13 * time.Second)
+	resp, err := a.report(ctx, reports("rlqs", usageOf(110, 970, 12*time.Second, "tenant", "acme")))
+	require.NoError(t, err)
+	tb, _ := bucketOf(t, resp.BucketAction[0])
+	require.Equal(t, uint32(4), tb.GetTokensPerFill().GetValue())
+	resp, err = b.report(ctx, reports("rlqs", usageOf(11, 109, 12*time.Second, "tenant", "acme")))
+	require.NoError(t, err)
+	require.Equal(t, typev3.RateLimitStrategy_DENY_ALL, resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule(),
+		"a tenth of 16 is no token, though its share of 11 fits")
+	require.Equal(t, int64(600-16), f.count(t, "tenant", "acme"))
 }
 
 func shortSharedByDemand(t *testing.T, f *quotaFixture) {
