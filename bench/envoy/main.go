@@ -62,6 +62,8 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds, each running every (descriptors, clients, service) once")
 	clients := flag.String("clients", "1 8 64", "concurrent clients, space-separated")
 	boundary := flag.Bool("boundary", false, "measure bursts at a window's end instead")
+	quota := flag.Bool("quota", false, "measure a fleet of emulated Envoys on ratelimit-rls's quota service (RLQS) instead, beside the rate limit service at the same traffic")
+	minutes := flag.Int("minutes", 3, "with -quota, the minutes of the fleet over the limit")
 	xds := flag.Bool("xds", false, "configure both services over xDS (CONFIG_TYPE=GRPC_XDS_SOTW) from a management server in this process, not from files")
 	flag.Parse()
 	if *ours == "" || *reference == "" {
@@ -75,9 +77,14 @@ func main() {
 		defer stop()
 		source = []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + addr, "CONFIG_GRPC_XDS_NODE_ID=bench"}
 	}
+	files := map[string]string{"config.yaml": config}
+	if *quota {
+		files["quota.yaml"] = quotaConfig
+		source = append(source, "CACHE_KEY_PREFIX="+quotaPrefix)
+	}
 	services := []*service{
-		start("reference", *reference, redisAddr, source),
-		start("ratelimit-rls", *ours, redisAddr, source),
+		start("reference", *reference, redisAddr, source, files),
+		start("ratelimit-rls", *ours, redisAddr, source, files),
 	}
 	defer func() {
 		for _, s := range services {
@@ -86,6 +93,10 @@ func main() {
 	}()
 	if *boundary {
 		measureBoundary(services)
+		return
+	}
+	if *quota {
+		measureQuota(services[1], services[0], redis.NewClient(&redis.Options{Addr: redisAddr}), *duration, *minutes)
 		return
 	}
 	var cs []int
@@ -137,6 +148,7 @@ func main() {
 // service is one of the two services, running.
 type service struct {
 	name   string
+	addr   string // its gRPC address
 	cmd    *exec.Cmd
 	client pb.RateLimitServiceClient
 }
@@ -207,9 +219,10 @@ func startManagement() (string, func()) {
 	return ln.Addr().String(), func() { g.Stop(); cancel() }
 }
 
-// start runs bin, as the service name, on redisAddr with config (from
-// files, or as source says), and waits until it answers.
-func start(name, bin, redisAddr string, source []string) *service {
+// start runs bin, as the service name, on redisAddr with files (by name)
+// for its configuration (or as source says, with source's settings), and
+// waits until it answers.
+func start(name, bin, redisAddr string, source []string, files map[string]string) *service {
 	root, err := os.MkdirTemp("", "envoy-bench")
 	if err != nil {
 		log.Fatal(err)
@@ -218,8 +231,10 @@ func start(name, bin, redisAddr string, source []string) *service {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o644); err != nil {
-		log.Fatal(err)
+	for file, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(text), 0o644); err != nil {
+			log.Fatal(err)
+		}
 	}
 	grpcPort, httpPort, debugPort := freePort(), freePort(), freePort()
 	cmd := exec.Command(bin)
@@ -256,7 +271,7 @@ func start(name, bin, redisAddr string, source []string) *service {
 	if err != nil {
 		log.Fatal(err)
 	}
-	return &service{name: name, cmd: cmd, client: pb.NewRateLimitServiceClient(conn)}
+	return &service{name: name, addr: fmt.Sprint("127.0.0.1:", grpcPort), cmd: cmd, client: pb.NewRateLimitServiceClient(conn)}
 }
 
 // request returns a request of n descriptors (1 or 3) of ids drawn from
