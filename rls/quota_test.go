@@ -427,15 +427,7 @@ func TestQuotaShortSharedByDemand(t *testing.T) {
 // share that did not fit gets less than it.
 func shortCapsSmallShares(t *testing.T, f *quotaFixture) {
 	ctx := context.Background()
-	a, b := f.q.newStream(), f.q.newStream()
-	f.at(time.Second)
-	_, err := a.report(ctx, reports("rlqs", usageOf(0, 90, 0, "tenant", "acme")))
-	require.NoError(t, err)
-	_, err = b.report(ctx, reports("rlqs", usageOf(0, 10, 0, "tenant", "acme")))
-	require.NoError(t, err)
-	m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
-	_, err = f.l.AllowN(ctx, m.ID, m.Rule.Limit, 600-121-60)
-	require.NoError(t, err)
+	a, b := shortGroup(t, f, 60)
 
 	// 60 left: a's share of 9 needs 99; its part, nine tenths, is 54: 4 a
 	// second (44); 16 left, b's share of 1 needs 11, its part is 1
@@ -451,22 +443,28 @@ func shortCapsSmallShares(t *testing.T, f *quotaFixture) {
 	require.Equal(t, int64(600-16), f.count(t, "tenant", "acme"))
 }
 
-func shortSharedByDemand(t *testing.T, f *quotaFixture) {
+// shortGroup opens two streams of one bucket, a asking 90 a second and b
+// 10, at 1 s, and counts what leaves left of the limit (600) unused.
+func shortGroup(t *testing.T, f *quotaFixture, left int64) (a, b *quotaStream) {
+	t.Helper()
 	ctx := context.Background()
-	a, b := f.q.newStream(), f.q.newStream()
+	a, b = f.q.newStream(), f.q.newStream()
 	f.at(time.Second)
-	for _, r := range []struct {
-		s      *quotaStream
-		denied uint64
-	}{{a, 90}, {b, 10}} {
-		_, err := r.s.report(ctx, reports("rlqs", usageOf(0, r.denied, 0, "tenant", "acme")))
-		require.NoError(t, err)
-	}
+	_, err := a.report(ctx, reports("rlqs", usageOf(0, 90, 0, "tenant", "acme")))
+	require.NoError(t, err)
+	_, err = b.report(ctx, reports("rlqs", usageOf(0, 10, 0, "tenant", "acme")))
+	require.NoError(t, err)
 	// a alone in the group has the whole rate, 10 a second; then b a tenth
 	require.Equal(t, int64(10+10*10+1+1*10), f.count(t, "tenant", "acme"), "a full bucket and 10 fills each")
 	m := f.cfg.Match("rlqs", descriptorOf("tenant", "acme"))
-	_, err := f.l.AllowN(ctx, m.ID, m.Rule.Limit, 600-121-8)
+	_, err = f.l.AllowN(ctx, m.ID, m.Rule.Limit, 600-121-left)
 	require.NoError(t, err)
+	return a, b
+}
+
+func shortSharedByDemand(t *testing.T, f *quotaFixture) {
+	ctx := context.Background()
+	a, b := shortGroup(t, f, 8)
 
 	// both buckets expired and spent whole: 8 left, which neither share fits
 	f.at(13 * time.Second)
